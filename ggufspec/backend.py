@@ -1,0 +1,312 @@
+"""The only module that imports `llama_cpp`: models, contexts, batches, logits, KV rewind, vocab.
+
+Thin wrappers over llama-cpp-python's low-level API. Logits come back as numpy views on
+llama.cpp's own buffer (valid until the next decode on that context), so the hot path copies
+nothing per row. Every handle is freed by `close()` (or `with`), in the right order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as C
+
+from .errors import ContextFullError, GGUFSpecError
+from .gguf_info import read_info
+
+VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+
+_state = {"verbose": False, "initialised": False, "gpu_warned": False}
+_lock = threading.Lock()
+
+
+@C.llama_log_callback
+def _log_callback(level, text, user_data):
+    # llama.cpp talks a lot while loading; we show it only with --verbose.
+    if _state["verbose"]:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show (True) or hide (False) llama.cpp's own log output."""
+    _state["verbose"] = bool(verbose)
+
+
+def _init_backend() -> None:
+    with _lock:
+        if not _state["initialised"]:
+            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            C.llama_backend_init()
+            _state["initialised"] = True
+
+
+def supports_gpu_offload() -> bool:
+    _init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
+def llama_cpp_version() -> str:
+    return getattr(C, "__version__", "unknown")
+
+
+def default_threads() -> int:
+    """Physical cores: llama.cpp's matmuls gain nothing from hyper-threads."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True):
+        _init_backend()
+        self.path = Path(path)
+        self.role = role
+        self.info = read_info(self.path)  # one clear line for missing, non-GGUF or truncated files
+        if n_gpu_layers != 0 and not supports_gpu_offload() and not _state["gpu_warned"]:
+            _state["gpu_warned"] = True
+            print("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU", file=sys.stderr)
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = int(n_gpu_layers)
+        params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
+        self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise GGUFSpecError(
+                f"{self.path}: llama.cpp could not load this {role} (unsupported architecture or damaged file; "
+                "--verbose shows llama.cpp's reason)"
+            )
+        self.n_gpu_layers = int(n_gpu_layers)
+        self._vocab = C.llama_model_get_vocab(self._model)
+        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        self.n_layer = C.llama_model_n_layer(self._model)
+        self.n_ctx_train = C.llama_model_n_ctx_train(self._model)
+        self.vocab_type = VOCAB_TYPES.get(C.llama_vocab_type(self._vocab), "unknown")
+        self.bos = C.llama_vocab_bos(self._vocab)
+        self.eos = C.llama_vocab_eos(self._vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+        self.add_eos = bool(C.llama_vocab_get_add_eos(self._vocab))
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for t in range(self.n_vocab):
+            self._eog[t] = C.llama_vocab_is_eog(self._vocab, t)
+
+    # -- vocabulary ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to token ids the way llama.cpp's tools do (BOS if the model wants it, special tokens parsed)."""
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        n = C.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry (what llama.cpp compares between draft and target)."""
+        return C.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    @property
+    def eog_mask(self) -> np.ndarray:
+        return self._eog
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """Render chat messages with the GGUF's template in llama-cpp-python's sandboxed Jinja environment."""
+        template = self.chat_template
+        if not template:
+            raise GGUFSpecError(f"{self.path}: this model has no chat template; use a plain prompt (-p) instead of --chat")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        bos = self.token_text(self.bos).decode("utf-8", errors="replace") if self.bos >= 0 else ""
+        eos = self.token_text(self.eos).decode("utf-8", errors="replace") if self.eos >= 0 else ""
+        try:
+            return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)(messages=messages).prompt
+        except Exception as e:  # a template error is the model's, but the user needs to hear of it in one line
+            raise GGUFSpecError(f"{self.path}: its chat template failed to render ({type(e).__name__}: {e})") from None
+
+    def tokenize_chat(self, messages: list[dict]) -> list[int]:
+        text = self.render_chat(messages)
+        bos_text = self.token_text(self.bos).decode("utf-8", errors="replace") if self.bos >= 0 else ""
+        # Templates often write the BOS themselves; do not add a second one.
+        add_special = not (self.add_bos and bos_text and text.startswith(bos_text))
+        return self.tokenize(text, add_special=add_special, parse_special=True)
+
+    def describe(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class Context:
+    """A llama.cpp context on one model, one sequence, with a reusable batch.
+
+    `n_past` is the number of positions held in the KV cache; `decode` appends, `truncate` rewinds.
+    """
+
+    def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None):
+        self.model = model
+        self.n_vocab = model.n_vocab
+        n_threads = n_threads or default_threads()
+        params = C.llama_context_default_params()
+        params.n_ctx = int(n_ctx)
+        params.n_batch = int(n_batch)
+        params.n_ubatch = int(n_batch)
+        params.n_seq_max = 1
+        params.n_threads = int(n_threads)
+        params.n_threads_batch = int(n_threads)
+        params.no_perf = True
+        self._ctx = C.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise GGUFSpecError(
+                f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"
+            )
+        self.n_ctx = C.llama_n_ctx(self._ctx)
+        self.n_batch = C.llama_n_batch(self._ctx)
+        self.n_threads = n_threads
+        self._mem = C.llama_get_memory(self._ctx)
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._batch_live = True
+        for i in range(self.n_batch):  # one sequence: set once, never touched again
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._token_buf = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
+        self._pos_buf = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
+        self.n_past = 0
+
+    def decode(self, tokens, *, logits: str = "last") -> np.ndarray | None:
+        """Append `tokens` at positions n_past.. and run the model.
+
+        logits: "last" (one row), "all" (a row per token) or "none". Returns a read-only view of
+        shape (rows, n_vocab) on llama.cpp's buffer, valid until the next decode.
+        """
+        tokens = np.asarray(tokens, dtype=np.int32)
+        n = len(tokens)
+        if n == 0:
+            raise GGUFSpecError("nothing to decode: the prompt is empty")
+        if self.n_past + n > self.n_ctx:
+            raise ContextFullError(
+                f"the context is full: {self.n_past} + {n} tokens do not fit in n_ctx={self.n_ctx}; raise -c or lower -n"
+            )
+        if logits == "all" and n > self.n_batch:
+            raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
+        start = 0
+        while start < n:
+            end = min(n, start + self.n_batch)
+            m = end - start
+            self._token_buf[:m] = tokens[start:end]
+            self._pos_buf[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            if logits == "all":
+                self._out_buf[:m] = 1
+            else:
+                self._out_buf[:m] = 0
+                if logits == "last" and end == n:
+                    self._out_buf[m - 1] = 1
+            self._batch.n_tokens = m
+            self._check(C.llama_decode(self._ctx, self._batch), m)
+            self.n_past += m
+            start = end
+        if logits == "none":
+            return None
+        rows = n if logits == "all" else 1
+        view = np.ctypeslib.as_array(C.llama_get_logits(self._ctx), shape=(rows, self.n_vocab))
+        view.flags.writeable = False
+        return view
+
+    def _check(self, rc: int, m: int) -> None:
+        if rc == 0:
+            return
+        if rc == 1:
+            raise ContextFullError(
+                f"the context is full: no KV slot for {m} tokens at position {self.n_past} (n_ctx={self.n_ctx}); raise -c or lower -n"
+            )
+        if rc == 2:
+            raise GGUFSpecError("llama_decode was aborted")
+        if rc == -1:
+            raise GGUFSpecError("llama_decode rejected the batch as invalid (a token id outside the vocabulary?)")
+        raise GGUFSpecError(f"llama_decode failed with code {rc} (out of memory or a backend error; --verbose shows more)")
+
+    def truncate(self, n_keep: int) -> None:
+        """Forget every position from n_keep on (rewinds rejected draft tokens)."""
+        if n_keep < self.n_past:
+            if not C.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+                raise GGUFSpecError(f"llama.cpp could not rewind the KV cache to position {n_keep}")
+            self.n_past = n_keep
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self._mem, True)
+        self.n_past = 0
+
+    def close(self) -> None:
+        if getattr(self, "_batch_live", False):
+            C.llama_batch_free(self._batch)
+            self._batch_live = False
+        if getattr(self, "_ctx", None):
+            C.llama_free(self._ctx)
+            self._ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,177 @@
+"""The `ggufspec` command: a thin click layer over the Python API. Flag names follow llama.cpp."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from .errors import GGUFSpecError
+
+
+def user_errors(fn):
+    """Turn a GGUFSpecError into one line on stderr and exit 1; Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GGUFSpecError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+class Layers(click.ParamType):
+    """-ngl values: a number of layers, 'all', or 'auto' (the offload planner decides)."""
+
+    name = "N|all|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value in ("all", "auto"):
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a layer count, 'all' or 'auto'", param, ctx)
+        if n < 0:
+            self.fail(f"{n} is negative; use 'all' for every layer", param, ctx)
+        return n
+
+
+def model_options(fn):
+    """Which models to load and how: shared by generate and bench."""
+    options = [
+        click.argument("pair", required=False),
+        click.option("-m", "--model", "target", help="Target model: a .gguf path or a model name from models.toml."),
+        click.option("-md", "--model-draft", "draft", help="Draft model: a .gguf path or a model name."),
+        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=Layers(), default=None,
+                     help="Target layers on the GPU: N, all or auto (default auto)."),
+        click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=Layers(), default=None,
+                     help="Draft layers on the GPU: N, all or auto (default auto)."),
+        click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
+        click.option("-b", "--batch-size", "n_batch", type=int, default=512, show_default=True, help="Logical batch size."),
+        click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads (default: physical cores)."),
+        click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY",
+                     help="A models.toml that adds to or overrides the built-in one."),
+        click.option("--offline", is_flag=True, help="Never reach the Hugging Face Hub; use local or cached files."),
+        click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def sampling_options(fn):
+    options = [
+        click.option("-n", "--n-predict", "max_tokens", type=int, default=None, help="Tokens to generate."),
+        click.option("--temp", "temperature", type=float, default=None, help="Temperature; 0 is greedy (default 0)."),
+        click.option("--top-k", type=int, default=None, help="Keep the K most likely tokens (0: off)."),
+        click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
+        click.option("--min-p", type=float, default=None, help="Drop tokens below min-p x the top probability."),
+        click.option("-s", "--seed", type=int, default=None, help="Random seed; the same seed gives the same text."),
+        click.option("--draft-max", "--draft", "draft_max", default=None,
+                     help="Most tokens drafted per round (γ)."),
+        click.option("--draft-min", type=int, default=None, help="Fewest drafted tokens worth verifying."),
+        click.option("--draft-p-min", type=float, default=None,
+                     help="Stop drafting when the draft's own confidence falls below this."),
+        click.option("--mode", default=None, help="Drafting: draft (model), lookup (prompt n-grams), target (none)."),
+        click.option("--ignore-eos", is_flag=True, default=None, help="Keep generating past end-of-generation tokens."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def settings_from(options: dict, defaults: dict | None = None) -> dict:
+    """The generation settings given on the command line (None means 'not given')."""
+    keys = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode", "ignore_eos")
+    out = dict(defaults or {})
+    out.update({k: options[k] for k in keys if options.get(k) is not None})
+    if options.get("draft_max") is not None:
+        try:
+            out["draft_max"] = int(options["draft_max"])
+        except ValueError:
+            raise GGUFSpecError(f"--draft-max must be a whole number (got {options['draft_max']!r})") from None
+    return out
+
+
+def open_engine(o: dict):
+    """Resolve names, plan offload, load the models."""
+    from .engine import Engine
+    from .models import resolve_models
+
+    target, draft, pair_defaults = resolve_models(o.get("pair"), o.get("target"), o.get("draft"),
+                                                  registry=o.get("registry"), offline=o.get("offline", False))
+    ngl, ngld = _layers(o, target, draft, pair_defaults)
+    engine = Engine(target, draft, n_ctx=o["n_ctx"], n_batch=o["n_batch"], n_threads=o["n_threads"],
+                    n_gpu_layers=ngl, draft_n_gpu_layers=ngld, verbose=o["verbose"])
+    return engine, pair_defaults
+
+
+def _layers(o: dict, target, draft, pair_defaults: dict) -> tuple[int, int]:
+    from .offload import resolve_layers
+
+    return resolve_layers(target, draft, o.get("n_gpu_layers") or pair_defaults.get("n_gpu_layers", "auto"),
+                          o.get("draft_n_gpu_layers") or pair_defaults.get("draft_n_gpu_layers", "auto"),
+                          n_ctx=o["n_ctx"])
+
+
+@click.group()
+@click.version_option(package_name="ggufspec")
+def cli():
+    """Speculative decoding for GGUF models on llama.cpp, and an honest with/without-draft benchmark."""
+
+
+@cli.command()
+@model_options
+@sampling_options
+@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=click.File("r"), help="Read the prompt from a file ('-' for stdin).")
+@click.option("--chat", "chat_message", help="A user message, sent through the model's chat template.")
+@click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
+@user_errors
+def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
+    """Generate text, with a draft model speculating for the target.
+
+    \b
+    Example:
+      ggufspec generate -m target.gguf -md draft.gguf -p "def quicksort(a):" -n 64
+      ggufspec generate qwen2.5-coder-1.5b --chat "Write a haiku about caches" --json
+    """
+    given = [x for x in (prompt, prompt_file, chat_message) if x is not None]
+    if len(given) != 1:
+        raise GGUFSpecError("give exactly one of -p PROMPT, -f FILE or --chat MESSAGE")
+    if prompt_file is not None:
+        prompt = prompt_file.read()
+    engine, pair_defaults = open_engine(options)
+    with engine:
+        settings = settings_from(options, pair_defaults.get("settings"))
+        if stop:
+            settings["stop"] = tuple(stop)
+        messages = [{"role": "user", "content": chat_message}] if chat_message is not None else None
+        tokens = engine.tokenize_prompt(prompt, messages)
+        if as_json:
+            result = engine.generate(prompt_tokens=tokens, **settings)
+            click.echo(json.dumps(result.to_dict()))
+            return
+        chunk = None
+        for chunk in engine.stream(prompt_tokens=tokens, **settings):
+            click.echo(chunk.text, nl=False)
+            sys.stdout.flush()
+        click.echo()
+        click.echo(chunk.stats.summary(), err=True)
+
+
+def main():
+    cli(prog_name="ggufspec")
+
+
+if __name__ == "__main__":
+    main()

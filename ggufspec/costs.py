@@ -1,0 +1,148 @@
+"""What a decode costs on this machine, and which batch sizes are bit-exact.
+
+Measured once per (model file, threads, offload, llama.cpp version) and remembered in the cache
+directory: target decode time for batches of 1..max_batch tokens, the draft's time per token,
+and the largest batch whose logits equal one-token decoding bit for bit. The auto drafting
+mode plans with these numbers (Leviathan et al. 2023, section 3.4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .backend import Context, llama_cpp_version
+
+MAX_BATCH = 9
+
+
+@dataclass
+class Costs:
+    target_batch_seconds: list[float]  # [i] = seconds to decode a batch of i + 1 tokens
+    exact_batch: int  # largest batch bit-identical to one-token decoding
+    draft_token_seconds: float | None = None  # one draft step (None: no draft model)
+
+    def verify_seconds(self, n: int, chunk: int | None = None) -> float:
+        """Seconds to verify n tokens, in one batch or in chunks of `chunk`."""
+        t = self.target_batch_seconds
+
+        def one(m: int) -> float:
+            if m <= len(t):
+                return t[m - 1]
+            return t[-1] / len(t) * m  # beyond what was measured: linear in tokens
+
+        if not chunk or n <= chunk:
+            return one(n)
+        full, rest = divmod(n, chunk)
+        return full * one(chunk) + (one(rest) if rest else 0.0)
+
+    @property
+    def target_token_seconds(self) -> float:
+        return self.target_batch_seconds[0]
+
+
+def _probe_tokens(ctx: Context, n: int) -> list[int]:
+    # Ordinary vocabulary entries, away from the special tokens at either end.
+    lo = min(100, ctx.n_vocab // 4)
+    return [lo + (i * 7919) % max(1, ctx.n_vocab // 2) for i in range(n)]
+
+
+def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 2) -> tuple[list[float], int]:
+    """(seconds per batch size 1..max_batch, largest bit-exact batch). Leaves the KV cache empty."""
+    max_batch = max(1, min(max_batch, ctx.n_batch, ctx.n_ctx - 16))
+    prefix = _probe_tokens(ctx, 8 + max_batch)
+    ctx.clear()
+    ctx.decode(prefix[:8], logits="none")
+    base = ctx.n_past
+    tokens = prefix[8:]
+    singles = []
+    for x in tokens:
+        singles.append(ctx.decode([x])[0].copy())
+    exact, exact_done = 1, False
+    seconds = []
+    for b in range(1, max_batch + 1):
+        best = float("inf")
+        for _ in range(repeats):
+            ctx.truncate(base)
+            start = time.perf_counter()
+            rows = ctx.decode(tokens[:b], logits="all")
+            best = min(best, time.perf_counter() - start)
+        if b > 1 and not exact_done:
+            if np.array_equal(rows, np.stack(singles[:b])):
+                exact = b
+            else:
+                exact_done = True
+        seconds.append(best)
+    ctx.clear()
+    return seconds, exact
+
+
+def measure_draft_step(ctx: Context, n: int = 6) -> float:
+    tokens = _probe_tokens(ctx, 8 + n)
+    ctx.clear()
+    ctx.decode(tokens[:8], logits="none")
+    start = time.perf_counter()
+    for x in tokens[8:]:
+        ctx.decode([x])
+    seconds = (time.perf_counter() - start) / n
+    ctx.clear()
+    return seconds
+
+
+def _cache_file() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("GGUFSPEC_COSTS_FILE") or base / "ggufspec" / "costs.json")
+
+
+def _key(ctx: Context) -> str:
+    m = ctx.model
+    st = m.path.stat()
+    return f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|llama.cpp {llama_cpp_version()}"
+
+
+def _load_cache() -> dict:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(data: dict) -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no cache: measure again next time
+
+
+def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False) -> Costs:
+    """The costs of this target (and draft), from the cache or measured now."""
+    cache = _load_cache()
+    tkey = _key(target)
+    entry = None if refresh else cache.get(tkey)
+    if entry is None:
+        seconds, exact = measure_target(target)
+        entry = {"target_batch_seconds": seconds, "exact_batch": exact}
+        cache[tkey] = entry
+    draft_seconds = None
+    if draft is not None:
+        dkey = _key(draft) + "|draft"
+        d = None if refresh else cache.get(dkey)
+        if d is None:
+            d = {"token_seconds": measure_draft_step(draft)}
+            cache[dkey] = d
+        draft_seconds = d["token_seconds"]
+    _save_cache(cache)
+    return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds)
+
+
+def to_dict(costs: Costs) -> dict:
+    return asdict(costs)

@@ -1,0 +1,135 @@
+"""Candidate generators: where draft tokens come from.
+
+Each drafter answers `propose(history, n_max, params, rng) -> Draft`. `history` is every token
+so far (prompt + output, ending with the last accepted token, which no model has seen yet).
+A drafter keeps whatever state it needs in step with `history` itself; the loop never tells
+it what was accepted, because the next history says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backend import Context, Model
+from .sampling import SamplingParams, max_prob, probs_from_logits, sample
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: list[np.ndarray] | None = None  # distributions the tokens were drawn from; None = one-hot (deterministic)
+    seconds: float = 0.0
+    n_decoded: int = 0  # tokens the drafter ran through its own model this round
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class ModelDrafter:
+    """Drafts with a small model whose KV cache follows the accepted history (never re-evaluated)."""
+
+    name = "draft"
+
+    def __init__(self, model: Model, ctx: Context, *, p_min: float = 0.0):
+        self.model = model
+        self.ctx = ctx
+        self.p_min = p_min
+        self.kv_tokens: list[int] = []  # exactly what sits in ctx's KV cache, position by position
+        self._committed = 0  # a prefix of kv_tokens known to agree with every later history
+
+    def reset(self, prompt_tokens: list[int]) -> None:
+        """Start a new generation: the prompt but its last token goes into the KV cache now."""
+        self.ctx.clear()
+        self.kv_tokens, self._committed = [], 0
+        if len(prompt_tokens) > 1:
+            self.ctx.decode(prompt_tokens[:-1], logits="none")
+            self.kv_tokens = list(prompt_tokens[:-1])
+            self._committed = len(self.kv_tokens)
+
+    def _sync(self, history: list[int]) -> list[int]:
+        """Drop rejected drafts from the KV cache; return the history tokens it has not seen."""
+        i = self._committed
+        n = min(len(self.kv_tokens), len(history))
+        while i < n and self.kv_tokens[i] == history[i]:
+            i += 1
+        if i == len(history):  # nothing new: step back one token so there are logits to draft from
+            i -= 1
+        if i < len(self.kv_tokens):
+            self.ctx.truncate(i)
+            del self.kv_tokens[i:]
+        return history[i:]
+
+    def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        start = time.perf_counter()
+        n_max = min(n_max, self.ctx.n_ctx - len(history))
+        if n_max <= 0:
+            return Draft([], None, 0.0, 0, self.name)
+        pending = self._sync(history)
+        logits = self.ctx.decode(pending, logits="last")[0]
+        self.kv_tokens.extend(pending)
+        self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
+        n_decoded = len(pending)
+        tokens: list[int] = []
+        qs: list[np.ndarray] | None = None if params.greedy else []
+        while True:
+            if params.greedy:
+                if self.p_min > 0.0 and max_prob(logits) < self.p_min:
+                    break
+                x = int(np.argmax(logits))
+            else:
+                q = probs_from_logits(logits, params)
+                if self.p_min > 0.0 and q.max() < self.p_min:
+                    break
+                x = sample(q, rng)
+                qs.append(q)
+            tokens.append(x)
+            if len(tokens) >= n_max:
+                break
+            logits = self.ctx.decode([x], logits="last")[0]
+            self.kv_tokens.append(x)
+            n_decoded += 1
+        return Draft(tokens, qs, time.perf_counter() - start, n_decoded, self.name)
+
+
+class LookupDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the history's last n tokens and
+    propose what followed it. No second model; costs microseconds. Index is incremental."""
+
+    name = "lookup"
+
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 1):
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+        self.reset([])
+
+    def reset(self, prompt_tokens: list[int]) -> None:
+        self._index: list[dict[tuple, int]] = [dict() for _ in range(self.ngram_max + 1)]
+        self._indexed_to = 0  # n-grams ending before this position are in the index
+
+    def _extend_index(self, history: list[int]) -> None:
+        # Index n-grams ending at positions < len(history) - 1, so the current suffix never finds itself.
+        end = len(history) - 1
+        for i in range(self._indexed_to, end):
+            for n in range(self.ngram_min, self.ngram_max + 1):
+                if i - n + 1 >= 0:
+                    self._index[n][tuple(history[i - n + 1 : i + 1])] = i
+        self._indexed_to = max(self._indexed_to, end)
+
+    def match(self, history: list[int], n_max: int) -> tuple[list[int], int]:
+        """(continuation tokens, n-gram length matched); ([], 0) when nothing matches."""
+        self._extend_index(history)
+        for n in range(self.ngram_max, self.ngram_min - 1, -1):
+            if len(history) < n:
+                continue
+            j = self._index[n].get(tuple(history[-n:]))
+            if j is not None:
+                return list(history[j + 1 : j + 1 + n_max]), n
+        return [], 0
+
+    def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        start = time.perf_counter()
+        tokens, n = self.match(history, n_max) if n_max > 0 else ([], 0)
+        # A deterministic drafter: q is one-hot on each proposal, which the loop builds (q=None).
+        return Draft(tokens, None, time.perf_counter() - start, 0, self.name, {"ngram": n})

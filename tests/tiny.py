@@ -1,0 +1,97 @@
+"""Writes tiny llama-architecture GGUF models with the `gguf` package, for tests.
+
+Random weights from a seed; relations between models are controlled:
+- the same seed gives the same model (an identical draft),
+- `perturb` adds noise to every weight (a draft that mostly agrees),
+- `sharpen` scales the output matrix (a draft whose q is sharper than p),
+- `vocab="letters"` vs `vocab="bytes"` / `vocab_shift` gives incompatible vocabularies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, TokenType
+
+NORMAL, CONTROL, UNKNOWN, BYTE = TokenType.NORMAL, TokenType.CONTROL, TokenType.UNKNOWN, TokenType.BYTE
+
+
+def vocabulary(kind: str, shift: int = 0) -> tuple[list[str], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [UNKNOWN, CONTROL, CONTROL]
+    if kind == "bytes":  # byte fallback + printable ASCII: any text tokenizes
+        tokens += [f"<0x{b:02X}>" for b in range(256)]
+        types += [BYTE] * 256
+        chars = ["\u2581"] + [chr(c) for c in range(33, 127)]
+    elif kind == "letters":  # 16 tokens in all: small enough for exact distribution tests
+        chars = ["\u2581"] + list("abcdefghijkl")
+    else:
+        raise ValueError(kind)
+    chars = chars[shift:] + chars[:shift]
+    tokens += chars
+    types += [NORMAL] * len(chars)
+    return tokens, [int(t) for t in types]
+
+
+def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: int = 0, n_layer: int = 2,
+                     n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048,
+                     perturb: float = 0.0, perturb_seed: int = 1234, sharpen: float = 1.0, logit_scale: float = 4.0,
+                     add_bos: bool = True, chat_template: str | None = None, name: str = "tiny") -> Path:
+    path = Path(path)
+    tokens, types = vocabulary(vocab, vocab_shift)
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+    noise = np.random.default_rng(perturb_seed)
+
+    def w(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        x = rng.standard_normal(shape) * scale
+        if perturb:
+            x = x + noise.standard_normal(shape) * scale * perturb
+        return x.astype(np.float32)
+
+    head_dim = n_embd // n_head
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name(name)
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(0)  # all F32
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * n_vocab)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(False)
+    if chat_template:
+        writer.add_chat_template(chat_template)
+
+    writer.add_tensor("token_embd.weight", w(n_vocab, n_embd, scale=1.0))
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", w(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", w(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", w(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", w(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    # logit_scale makes the distribution peaked enough to be interesting; sharpen changes only this model.
+    writer.add_tensor("output.weight", w(n_vocab, n_embd) * np.float32(logit_scale * sharpen))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
