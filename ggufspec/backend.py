@@ -217,7 +217,7 @@ class Context:
             raise GGUFSpecError(
                 f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"
             )
-        self.n_ctx = C.llama_n_ctx(self._ctx)
+        self.n_ctx = min(int(n_ctx), C.llama_n_ctx(self._ctx))  # llama.cpp pads up; the user's size is the limit
         self.n_batch = C.llama_n_batch(self._ctx)
         self.n_threads = n_threads
         self._mem = C.llama_get_memory(self._ctx)

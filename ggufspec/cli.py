@@ -82,6 +82,9 @@ def sampling_options(fn):
                      help="Stop drafting when the draft's own confidence falls below this."),
         click.option("--mode", default=None, help="Drafting: draft (model), lookup (prompt n-grams), target (none)."),
         click.option("--ignore-eos", is_flag=True, default=None, help="Keep generating past end-of-generation tokens."),
+        click.option("--exact/--no-exact", default=None,
+                     help="Greedy: verify only in batch sizes that are bit-identical to one-token decoding "
+                          "(default: when the backend has such batches of 2+ tokens, as llama.cpp's CPU kernels do)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -90,7 +93,7 @@ def sampling_options(fn):
 
 def settings_from(options: dict, defaults: dict | None = None) -> dict:
     """The generation settings given on the command line (None means 'not given')."""
-    keys = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode", "ignore_eos")
+    keys = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode", "ignore_eos", "exact")
     out = dict(defaults or {})
     out.update({k: options[k] for k in keys if options.get(k) is not None})
     if options.get("draft_max") is not None:
@@ -122,7 +125,24 @@ def _layers(o: dict, target, draft, pair_defaults: dict) -> tuple[int, int]:
                           n_ctx=o["n_ctx"])
 
 
-@click.group()
+class OneLineErrors(click.Group):
+    """Usage errors as one line (`Error: ...`), like every other error, instead of click's usage block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            click.echo(f"Error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(130)
+        if isinstance(rv, int) and rv:
+            sys.exit(rv)
+        return rv
+
+
+@click.group(cls=OneLineErrors)
 @click.version_option(package_name="ggufspec")
 def cli():
     """Speculative decoding for GGUF models on llama.cpp, and an honest with/without-draft benchmark."""

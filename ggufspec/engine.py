@@ -46,7 +46,9 @@ class GenerationSettings:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     tie_margin: float = DEFAULT_TIE_MARGIN
-    exact: bool = True  # greedy: verify only in batches proven bit-identical to one-token decoding
+    # Greedy: verify only in batches proven bit-identical to one-token decoding (identity by
+    # construction). None: when this backend has such batches of 2 or more tokens.
+    exact: bool | None = None
 
     def validate(self) -> "GenerationSettings":
         checks = [
@@ -255,6 +257,7 @@ class Engine:
             raise GGUFSpecError(f"the prompt is {len(prompt_tokens)} tokens, longer than the context (n_ctx={self.n_ctx})")
         params = s.sampling
         rng = np.random.default_rng(s.seed)
+        exact = s.exact if s.exact is not None else self.exact_batch >= 2
         if self.model_drafter:
             self.model_drafter.p_min = s.draft_p_min
         stats = Stats(mode=mode, n_prompt=len(prompt_tokens))
@@ -277,7 +280,7 @@ class Engine:
                     f"n_ctx={self.n_ctx}); raise -c or lower -n", history[len(prompt_tokens):])
             k = min(s.draft_max, s.max_tokens - n_out) if drafter is not None else 0
             r = speculative_step(self.target_ctx, drafter, history, k, params, rng, tie_margin=s.tie_margin,
-                                 draft_min=s.draft_min, exact_batch=self.exact_batch, exact=s.exact)
+                                 draft_min=s.draft_min, exact_batch=self.exact_batch, exact=exact)
             stats.add(r)
             history.extend(r.tokens)
             new_tokens = []

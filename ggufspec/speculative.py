@@ -104,7 +104,12 @@ def speculative_step(target: Context, drafter, history: list[int], k: int, param
                 target.truncate(n_past)
                 for x in inputs[: j + 1]:
                     row = target.decode([x], logits="last")[0]
-                n_accepted, next_token, ties_settled = j, int(np.argmax(row)), 1
+                # From the tie on, verify one token at a time while the drafts keep matching.
+                i = j
+                while i < len(draft_tokens) and int(np.argmax(row)) == draft_tokens[i]:
+                    row = target.decode([draft_tokens[i]], logits="last")[0]
+                    i += 1
+                n_accepted, next_token, ties_settled = i, int(np.argmax(row)), 1
     else:
         logits = target.decode(inputs, logits="all")
         p = np.stack([probs_from_logits(row, params) for row in logits])

@@ -1,0 +1,48 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import write_tiny_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path, monkeypatch):
+    """Every test gets its own cache, models directory and config; nothing touches the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("GGUFSPEC_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("GGUFSPEC_REGISTRY", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """Tiny GGUF models written once per test session, by role."""
+    d = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": write_tiny_model(d / "target.gguf", seed=0, chat_template=CHAT_TEMPLATE),
+        "same": write_tiny_model(d / "same.gguf", seed=0),  # the target's weights: an identical draft
+        "close": write_tiny_model(d / "close.gguf", seed=0, perturb=0.05),  # agrees most of the time
+        "far": write_tiny_model(d / "far.gguf", seed=0, perturb=0.3),  # agrees sometimes
+        "other_vocab": write_tiny_model(d / "other_vocab.gguf", seed=0, vocab_shift=3),  # same size, shifted tokens
+        "letters": write_tiny_model(d / "letters.gguf", seed=5, vocab="letters", logit_scale=1.5),
+        "letters_sharp": write_tiny_model(d / "letters_sharp.gguf", seed=5, vocab="letters", logit_scale=1.5, sharpen=3.0),
+        "letters_other": write_tiny_model(d / "letters_other.gguf", seed=9, vocab="letters", logit_scale=1.5),
+    }
+
+
+def real_models_dir() -> Path | None:
+    """Where scripts/fetch_offline_models.py put the real pair, if it did."""
+    from ggufspec.hub import models_dir
+
+    for d in [os.environ.get("GGUFSPEC_REAL_MODELS_DIR"), os.environ.get("GGUFSPEC_MODELS_DIR_REAL")]:
+        if d and Path(d).is_dir():
+            return Path(d)
+    return None

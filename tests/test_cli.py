@@ -1,0 +1,125 @@
+"""The CLI through CliRunner: output formats, and one clear line for every bad input."""
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from ggufspec.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def assert_one_line_error(result, *needles):
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_generate_json_is_one_object(tiny):
+    r = run("generate", "-m", tiny["target"], "-md", tiny["close"], "-p", "hello", "-n", "12", "--ignore-eos", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data["tokens"]) == 12
+    for key in ("n_drafted", "n_accepted", "acceptance_rate", "tokens_per_second", "n_generated"):
+        assert key in data["stats"]
+    assert data["stats"]["n_generated"] == 12
+
+
+def test_generate_streams_text_then_stats(tiny):
+    r = run("generate", "-m", tiny["target"], "-md", tiny["close"], "-p", "hello", "-n", "12", "--ignore-eos")
+    assert r.exit_code == 0, r.output
+    assert "12 tokens in" in r.stderr and "tok/s" in r.stderr
+
+
+def test_generate_same_text_with_and_without_draft(tiny):
+    base = json.loads(run("generate", "-m", tiny["target"], "-p", "hi there", "-n", "30", "--ignore-eos", "--json").stdout)
+    spec = json.loads(run("generate", "-m", tiny["target"], "-md", tiny["far"], "-p", "hi there", "-n", "30",
+                          "--ignore-eos", "--json").stdout)
+    assert spec["tokens"] == base["tokens"] and spec["text"] == base["text"]
+    assert spec["stats"]["n_drafted"] > 0
+
+
+def test_prompt_from_file_and_chat(tiny, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("hello")
+    assert run("generate", "-m", tiny["target"], "-f", f, "-n", "3", "--json").exit_code == 0
+    assert run("generate", "-m", tiny["target"], "--chat", "hi", "-n", "3", "--json").exit_code == 0
+
+
+def test_missing_file(tiny, tmp_path):
+    assert_one_line_error(run("generate", "-m", tmp_path / "nope.gguf", "-p", "x"), "nope.gguf", "no such file")
+
+
+def test_not_a_gguf(tmp_path):
+    f = tmp_path / "notes.gguf"
+    f.write_text("just text")
+    assert_one_line_error(run("generate", "-m", f, "-p", "x"), "notes.gguf", "not a GGUF")
+
+
+def test_truncated_gguf(tiny, tmp_path):
+    f = tmp_path / "cut.gguf"
+    data = open(tiny["target"], "rb").read()
+    f.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(run("generate", "-m", f, "-p", "x"), "cut.gguf", "truncated")
+
+
+def test_damaged_header(tiny, tmp_path):
+    f = tmp_path / "bad.gguf"
+    data = bytearray(open(tiny["target"], "rb").read())
+    data[24:32] = b"\xff" * 8  # the first key's length: now absurd
+    f.write_bytes(bytes(data))
+    assert_one_line_error(run("generate", "-m", f, "-p", "x"), "bad.gguf", "damaged")
+
+
+def test_incompatible_vocabularies(tiny):
+    assert_one_line_error(run("generate", "-m", tiny["target"], "-md", tiny["other_vocab"], "-p", "x"),
+                          "cannot draft", "token")
+    assert_one_line_error(run("generate", "-m", tiny["target"], "-md", tiny["letters"], "-p", "x"),
+                          "vocabulary sizes differ")
+
+
+def test_prompt_longer_than_context(tiny):
+    assert_one_line_error(run("generate", "-m", tiny["target"], "-c", "16", "-p", "x" * 100), "longer than the context")
+
+
+def test_context_fills_mid_generation(tiny):
+    assert_one_line_error(run("generate", "-m", tiny["target"], "-md", tiny["close"], "-c", "32", "-p", "hello",
+                              "-n", "100", "--ignore-eos"), "context filled up")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--draft-max", "0"], "--draft-max"),
+    (["--draft-max", "x"], "--draft-max"),
+    (["--temp", "-1"], "--temp"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--min-p", "1"], "--min-p"),
+    (["--top-k", "-2"], "--top-k"),
+    (["-n", "0"], "-n"),
+    (["--draft-min", "5", "--draft-max", "2"], "--draft-min"),
+    (["--draft-p-min", "1.2"], "--draft-p-min"),
+    (["-c", "4"], "-c"),
+    (["-t", "0"], "-t"),
+    (["--mode", "magic"], "--mode"),
+    (["--mode", "draft"], "draft model"),
+    (["-ngl", "-3"], "negative"),
+    (["-ngl", "lots"], "layer count"),
+])
+def test_out_of_range_settings(tiny, args, needle):
+    assert_one_line_error(run("generate", "-m", tiny["target"], "-p", "hi", *args), needle)
+
+
+def test_prompt_sources_are_exclusive(tiny):
+    assert_one_line_error(run("generate", "-m", tiny["target"], "-p", "a", "--chat", "b"), "exactly one")
+    assert_one_line_error(run("generate", "-m", tiny["target"]), "exactly one")
+
+
+def test_chat_without_template(tiny):
+    assert_one_line_error(run("generate", "-m", tiny["close"], "--chat", "hi"), "no chat template")

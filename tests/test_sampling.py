@@ -1,0 +1,109 @@
+"""The acceptance math on hand-made vectors: no model involved."""
+
+import numpy as np
+import pytest
+
+from ggufspec.sampling import (SamplingParams, apply_min_p, apply_top_k, apply_top_p, max_prob, near_ties,
+                               probs_from_logits, sample, top2_gap, verify, verify_greedy)
+
+
+def test_greedy_params_give_one_hot_on_argmax():
+    p = probs_from_logits(np.array([0.1, 2.0, 1.9]), SamplingParams(temperature=0))
+    assert p.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_temperature_softmax_matches_formula():
+    logits = np.array([1.0, 2.0, 3.0])
+    p = probs_from_logits(logits, SamplingParams(temperature=0.5))
+    expected = np.exp(logits / 0.5) / np.exp(logits / 0.5).sum()
+    np.testing.assert_allclose(p, expected)
+
+
+def test_top_k_keeps_k_largest():
+    out = apply_top_k(np.array([0.0, 5.0, 1.0, 4.0, 3.0]), 2)
+    assert np.isfinite(out).tolist() == [False, True, False, True, False]
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    np.testing.assert_allclose(apply_top_p(probs, 0.8), [0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    np.testing.assert_allclose(apply_top_p(probs, 0.81), np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+
+
+def test_min_p_drops_tokens_below_fraction_of_top():
+    probs = np.array([0.6, 0.3, 0.1])
+    np.testing.assert_allclose(apply_min_p(probs, 0.4), [2 / 3, 1 / 3, 0])
+
+
+def test_filters_then_temperature_like_llama_cpp():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    p = probs_from_logits(logits, SamplingParams(temperature=2.0, top_k=3, top_p=0.8))
+    kept = np.exp(logits[:2] / 2.0)
+    np.testing.assert_allclose(p, np.r_[kept / kept.sum(), 0, 0])
+
+
+def test_sample_follows_probabilities():
+    rng = np.random.default_rng(0)
+    probs = np.array([0.2, 0.0, 0.5, 0.3])
+    counts = np.bincount([sample(probs, rng) for _ in range(20000)], minlength=4) / 20000
+    np.testing.assert_allclose(counts, probs, atol=0.015)
+    assert counts[1] == 0
+
+
+def test_verify_accepts_when_target_likes_the_draft_more():
+    q = np.array([[0.5, 0.5, 0.0]])
+    p = np.array([[0.9, 0.1, 0.0], [0.0, 0.0, 1.0]])
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # p(x)/q(x) = 1.8 >= 1: always accepted, then the bonus token from p[1]
+        assert verify([0], q, p, rng) == (1, 2)
+
+
+def test_verify_rejects_at_rate_one_minus_p_over_q_and_resamples_residual():
+    q = np.array([[1.0, 0.0, 0.0]])
+    p = np.array([[0.25, 0.75, 0.0], [1.0, 0.0, 0.0]])
+    rng = np.random.default_rng(2)
+    results = [verify([0], q, p, rng) for _ in range(20000)]
+    accepted = sum(n for n, _ in results) / len(results)
+    assert abs(accepted - 0.25) < 0.015
+    # On rejection the residual max(p - q, 0) = [0, 0.75, 0] leaves only token 1.
+    assert {t for n, t in results if n == 0} == {1}
+    assert {t for n, t in results if n == 1} == {0}  # the bonus token, from p[1]
+
+
+def test_verify_stops_at_first_rejection():
+    q = np.array([[1.0, 0.0], [1.0, 0.0]])
+    p = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    assert verify([0, 0], q, p, np.random.default_rng(0)) == (1, 1)
+
+
+def test_verify_output_follows_p_not_q():
+    """The whole point: draw x ~ q, verify, and the emitted first token is distributed as p."""
+    rng = np.random.default_rng(3)
+    V = 5
+    p = rng.dirichlet(np.ones(V), size=2)
+    q = rng.dirichlet(np.ones(V) * 0.3, size=1)
+    counts = np.zeros(V)
+    n = 40000
+    for _ in range(n):
+        x = sample(q[0], rng)
+        n_acc, nxt = verify([x], q, p, rng)
+        counts[x if n_acc == 1 else nxt] += 1
+    np.testing.assert_allclose(counts / n, p[0], atol=0.01)
+    assert np.abs(counts / n - q[0]).max() > 0.05  # and it is not q's
+
+
+def test_verify_greedy():
+    assert verify_greedy([3, 4, 5], [3, 4, 9, 1]) == (2, 9)
+    assert verify_greedy([3, 4], [3, 4, 7]) == (2, 7)
+    assert verify_greedy([], [6]) == (0, 6)
+
+
+def test_near_ties_and_gap():
+    logits = np.array([[1.0, 0.95, 0.0], [3.0, 1.0, 0.0]])
+    assert near_ties(logits, 0.1).tolist() == [True, False]
+    assert top2_gap(logits[1]) == pytest.approx(2.0)
+
+
+def test_max_prob():
+    logits = np.array([0.0, np.log(3.0)])
+    assert max_prob(logits) == pytest.approx(0.75)
