@@ -69,7 +69,8 @@ def default_threads() -> int:
 class Model:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True):
+    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
+                 vocab_only: bool = False):
         _init_backend()
         self.path = Path(path)
         self.role = role
@@ -80,6 +81,7 @@ class Model:
         params = C.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
+        params.vocab_only = bool(vocab_only)
         self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise GGUFSpecError(

