@@ -23,7 +23,7 @@ def incompatibility(target: Model, draft: Model) -> str | None:
     for i in range(VOCAB_CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
         a, b = target.token_text(i), draft.token_text(i)
         if a != b:
-            return f"token {i} differs (target {a!r}, draft {b!r})"
+            return f"token {i} differs (target {a.decode('utf-8', 'replace')!r}, draft {b.decode('utf-8', 'replace')!r})"
     return None
 
 

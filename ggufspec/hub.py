@@ -25,6 +25,14 @@ def models_dir() -> Path:
     return cache / "ggufspec" / "models"
 
 
+def hub_cache_dir() -> Path:
+    """huggingface_hub's cache, read from the environment now (the library reads it once at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home) / "hub"
+
+
 def is_offline(offline: bool = False) -> bool:
     return offline or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -87,7 +95,7 @@ def local_path(spec: ModelSpec) -> Path | None:
         return candidate
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(spec.repo, spec.file, revision=spec.revision)
+    cached = try_to_load_from_cache(spec.repo, spec.file, cache_dir=hub_cache_dir(), revision=spec.revision)
     if isinstance(cached, str) and Path(cached).is_file():
         return Path(cached)
     return None
@@ -126,7 +134,8 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
         huggingface_hub.utils.disable_progress_bars()
     where = f"{spec.repo}/{spec.file}"
     try:
-        path = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision, endpoint=endpoint))
+        path = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision, endpoint=endpoint,
+                                    cache_dir=hub_cache_dir()))
     except GatedRepoError:
         raise GGUFSpecError(f"{where}: the repository is gated; accept its licence on the Hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:

@@ -1,0 +1,106 @@
+"""The real download code (huggingface_hub) against a local fake of the Hub on 127.0.0.1."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakehub import FakeHub
+from ggufspec import hub
+from ggufspec.errors import GGUFSpecError
+from ggufspec.registry import ModelSpec
+
+REPO, FILE = "acme/tiny-GGUF", "tiny-q8_0.gguf"
+
+
+@pytest.fixture
+def fake(tiny):
+    with FakeHub() as h:
+        h.files[(REPO, FILE)] = Path(tiny["target"]).read_bytes()
+        yield h
+
+
+def spec(sha=None, file=FILE):
+    return ModelSpec("tiny-remote", REPO, file, "F32", 2, 0.0, sha)
+
+
+def cache_files():
+    root = Path(os.environ["HF_HOME"])
+    return [p for p in root.rglob("*") if p.is_file() and ".lock" not in p.name] if root.exists() else []
+
+
+def test_download_lands_in_the_hub_cache_and_verifies(fake, tiny):
+    content = fake.files[(REPO, FILE)]
+    path = hub.ensure_model(spec(hashlib.sha256(content).hexdigest()), endpoint=fake.url, progress=False)
+    assert path.read_bytes() == content
+    assert "hub" in str(path) and path.name == FILE
+    # A second call finds it in the cache without asking the server.
+    n = len(fake.requests)
+    assert hub.ensure_model(spec(), endpoint=fake.url) == path
+    assert len(fake.requests) == n
+
+
+def test_broken_connection_mid_file_resumes_with_a_range_request(fake):
+    # huggingface_hub reads 10 MB chunks: cut the connection after 12 MB so a chunk has landed.
+    fake.files[(REPO, FILE)] = os.urandom(24 * 2**20)
+    fake.drop_first_get = True
+    path = hub.download(spec(), endpoint=fake.url, progress=False)
+    assert path.read_bytes() == fake.files[(REPO, FILE)]
+    assert any(method == "GET" and rng for method, _, rng in fake.requests), "no resume (Range) request was made"
+
+
+def test_failed_download_leaves_no_partial_file(fake):
+    fake.drop_every_get = True
+    with pytest.raises(GGUFSpecError, match="download failed"):
+        hub.download(spec(), endpoint=fake.url, progress=False)
+    data = [p for p in cache_files() if "blobs" in p.parts or "snapshots" in p.parts or p.name.endswith(".incomplete")]
+    assert not data, data  # no blob, no snapshot entry, no partial download
+
+
+def test_checksum_mismatch_deletes_the_file(fake):
+    with pytest.raises(GGUFSpecError, match="checksum mismatch.*deleted"):
+        hub.download(spec("0" * 64), endpoint=fake.url, progress=False)
+    assert not [p for p in cache_files() if "blobs" in p.parts or "snapshots" in p.parts]
+
+
+def test_missing_file_says_so(fake):
+    with pytest.raises(GGUFSpecError, match="no such file in the repository"):
+        hub.download(spec(file="nope.gguf"), endpoint=fake.url, progress=False)
+
+
+def test_offline_without_a_cached_copy_refuses(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(GGUFSpecError, match="offline mode is on"):
+        hub.ensure_model(spec())
+
+
+def test_offline_with_a_cached_copy_works_without_the_server(fake):
+    path = hub.download(spec(), endpoint=fake.url, progress=False)
+    fake.__exit__()  # the "Hub" is gone
+    assert hub.ensure_model(spec(), offline=True) == path
+
+
+def test_models_dir_copy_wins_and_is_checked(tiny):
+    d = Path(os.environ["GGUFSPEC_MODELS_DIR"])
+    d.mkdir(parents=True)
+    (d / FILE).write_bytes(Path(tiny["target"]).read_bytes())
+    assert hub.ensure_model(spec(), offline=True) == d / FILE
+    with pytest.raises(GGUFSpecError, match="checksum mismatch"):
+        hub.ensure_model(spec("f" * 64), offline=True)
+    assert not (d / FILE).exists()
+
+
+def test_cli_pull_through_hf_endpoint(fake, tmp_path):
+    reg = tmp_path / "models.toml"
+    reg.write_text(f'[models.tiny-remote]\nrepo = "{REPO}"\nfile = "{FILE}"\nn_layers = 2\n')
+    env = dict(os.environ, HF_ENDPOINT=fake.url)
+    out = subprocess.run([sys.executable, "-m", "ggufspec.cli", "models", "pull", "tiny-remote", "--registry", str(reg)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith(FILE)
+    missing = subprocess.run([sys.executable, "-m", "ggufspec.cli", "models", "pull", "tiny-remote", "--registry", str(reg)],
+                             capture_output=True, text=True, env=dict(env, HF_HOME=str(tmp_path / "empty"), HF_HUB_OFFLINE="1"))
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1

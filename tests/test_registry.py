@@ -1,0 +1,116 @@
+"""models.toml parsing, overrides and name resolution."""
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ggufspec.cli import cli
+from ggufspec.errors import GGUFSpecError
+from ggufspec.models import resolve_models
+from ggufspec.registry import BUILTIN, UnknownName, load_registry
+
+SEED_PAIRS = ["llama-3.1-8b-instruct", "llama-3-70b-instruct", "llama-2-13b-chat", "gemma-7b-it", "llama-2-13b"]
+
+
+def test_builtin_registry_has_the_default_pair_and_the_seed_pairs():
+    reg = load_registry()
+    assert reg.default_pair == "qwen2.5-coder-1.5b"
+    pair = reg.pair("qwen2.5-coder-1.5b")
+    assert reg.model(pair.target).n_layers == 28 and reg.model(pair.draft).n_layers == 24
+    assert reg.model(pair.target).mirror.sha256.startswith("cc324af0")
+    for name in SEED_PAIRS:
+        p = reg.pair(name)
+        assert reg.model(p.target).repo and reg.model(p.draft).file.endswith(".gguf")
+    seventy = reg.pair("llama-3-70b-instruct")
+    assert (seventy.n_gpu_layers, seventy.draft_n_gpu_layers) == (45, "all")
+    assert reg.model("llama-3-70b-instruct").quant == "Q3_K_S" and reg.model("llama-3-8b-instruct").quant == "Q3_K_L"
+
+
+def test_builtin_file_is_the_repository_one():
+    assert BUILTIN.resolve() == (Path(__file__).parent.parent / "models.toml").resolve()
+
+
+def test_unknown_name_suggests_close_matches():
+    reg = load_registry()
+    with pytest.raises(UnknownName, match="did you mean qwen2.5-coder-1.5b"):
+        reg.pair("qwen2.5-coder-1.5")
+    assert isinstance(UnknownName("x"), KeyError)
+
+
+def test_malformed_file_reports_the_line(tmp_path):
+    bad = tmp_path / "models.toml"
+    bad.write_text('[models.x]\nrepo = "a/b"\nfile = "x.gguf"\nn_layers = = 3\n')
+    with pytest.raises(GGUFSpecError, match="line 4"):
+        load_registry(bad)
+
+
+def test_missing_keys_and_escaping_filenames_are_refused(tmp_path):
+    f = tmp_path / "models.toml"
+    f.write_text('[models.x]\nrepo = "a/b"\n')
+    with pytest.raises(GGUFSpecError, match=r"\[models.x\] lacks `file`"):
+        load_registry(f)
+    for name in ("../../etc/passwd", "/abs/x.gguf", "a/../../x.gguf"):
+        f.write_text(f'[models.x]\nrepo = "a/b"\nfile = "{name}"\n')
+        with pytest.raises(GGUFSpecError, match="escape the models directory"):
+            load_registry(f)
+    f.write_text('[pairs.p]\ntarget = "nope"\ndraft = "qwen2.5-coder-0.5b-instruct"\n')
+    with pytest.raises(GGUFSpecError, match="'nope' is not a model"):
+        load_registry(f)
+
+
+def test_user_registry_adds_and_overrides(tmp_path, monkeypatch):
+    user = tmp_path / "mine.toml"
+    user.write_text('default_pair = "mine"\n[models.m]\nrepo = "me/m"\nfile = "m.gguf"\n'
+                    '[pairs.mine]\ntarget = "m"\ndraft = "qwen2.5-coder-0.5b-instruct"\n'
+                    '[pairs."qwen2.5-coder-1.5b"]\ndraft_max = 2\n')
+    reg = load_registry(user)
+    assert reg.default_pair == "mine" and reg.pair("mine").target == "m"
+    assert reg.pair("qwen2.5-coder-1.5b").settings["draft_max"] == 2
+    assert reg.pair("qwen2.5-coder-1.5b").target == "qwen2.5-coder-1.5b-instruct"  # the rest is kept
+    monkeypatch.setenv("GGUFSPEC_REGISTRY", str(user))
+    assert load_registry().default_pair == "mine"
+    monkeypatch.delenv("GGUFSPEC_REGISTRY")
+    config = Path(tmp_path / "config" / "ggufspec")
+    config.mkdir(parents=True)
+    (config / "models.toml").write_text(user.read_text())
+    assert load_registry().default_pair == "mine"
+
+
+def test_pair_resolution_uses_local_files_and_pair_defaults(tiny, tmp_path):
+    reg = tmp_path / "models.toml"
+    reg.write_text(f'[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[models.d]\nrepo = "x/d"\nfile = "d.gguf"\n'
+                   f'[pairs.td]\ntarget = "t"\ndraft = "d"\ndraft_max = 3\ntemperature = 0.2\n')
+    models = Path(tmp_path / "models")
+    models.mkdir()
+    (models / "t.gguf").write_bytes(Path(tiny["target"]).read_bytes())
+    (models / "d.gguf").write_bytes(Path(tiny["close"]).read_bytes())
+    target, draft, defaults = resolve_models("td", None, None, registry=reg, offline=True)
+    assert (target.name, draft.name) == ("t.gguf", "d.gguf")
+    assert defaults["settings"] == {"draft_max": 3, "temperature": 0.2}
+    r = CliRunner().invoke(cli, ["generate", "td", "--registry", str(reg), "-p", "hi", "-n", "4", "--json"])
+    assert r.exit_code == 0, r.output
+
+
+def test_models_list_shows_every_seed_pair():
+    r = CliRunner().invoke(cli, ["models", "list"])
+    assert r.exit_code == 0, r.output
+    for name in SEED_PAIRS + ["qwen2.5-coder-1.5b (default)"]:
+        assert name in r.output
+    r = CliRunner().invoke(cli, ["models", "list", "--json"])
+    import json
+
+    data = json.loads(r.stdout)
+    assert {p["name"] for p in data["pairs"]} >= set(SEED_PAIRS)
+
+
+def test_models_info_and_check(tiny):
+    import json
+
+    r = CliRunner().invoke(cli, ["models", "info", str(tiny["target"]), "--json"])
+    info = json.loads(r.stdout)
+    assert (info["architecture"], info["n_layers"], info["n_vocab"], info["has_chat_template"]) == ("llama", 2, 354, True)
+    ok = CliRunner().invoke(cli, ["models", "check", str(tiny["target"]), str(tiny["close"])])
+    assert ok.exit_code == 0 and "compatible" in ok.stdout
+    bad = CliRunner().invoke(cli, ["models", "check", str(tiny["target"]), str(tiny["other_vocab"])])
+    assert bad.exit_code == 1 and "token 259 differs (target '▁', draft '#')" in bad.stderr
