@@ -190,6 +190,187 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
         click.echo(chunk.stats.summary(), err=True)
 
 
+BENCH_COLUMNS = [("label", "mode"), ("group", "prompts"), ("tps", "tok/s"), ("range", "min-max"), ("speedup", "speed-up"),
+                 ("alpha", "α"), ("tau", "τ"), ("full_accepts", "full"), ("split", "draft/verify/other"),
+                 ("prompt_tps", "prompt tok/s"), ("rss", "peak RSS"), ("identical", "= target"),
+                 ("predicted", "predicted (paper)"), ("predicted_costs", "predicted (costs)")]
+
+
+def _bench_display(rows: list[dict]) -> list[dict]:
+    from .report import mib
+
+    out = []
+    for r in rows:
+        d = dict(r)
+        pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"
+        ratio = lambda x: "-" if x is None else f"{x:.2f}x"
+        d["tps"] = f"{r['tokens_per_second']:.1f}"
+        d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}"
+        d["speedup"] = ratio(r["speedup"])
+        d["alpha"] = pct(r["acceptance_rate"])
+        d["tau"] = f"{r['tokens_per_round']:.2f}"
+        d["split"] = "/".join(pct(r[k]) for k in ("draft_share", "verify_share", "overhead_share"))
+        d["prompt_tps"] = f"{r['prompt_tokens_per_second']:.0f}"
+        d["rss"] = mib(r["peak_rss_bytes"])
+        ident = r["identical_to_target"]
+        if ident is None:
+            d["identical"] = "-"
+        elif ident:
+            d["identical"] = "yes"
+        else:
+            dv = r["divergence"] or {}
+            gap = f", gap {dv['gap']:.3f}" if "gap" in dv else ""
+            d["identical"] = f"no ({dv.get('prompt')} token {dv.get('token')}{gap})"
+        d["predicted"] = ratio(r["predicted_speedup"])
+        d["predicted_costs"] = ratio(r["predicted_speedup_costs"])
+        out.append(d)
+    return out
+
+
+def _int_list(text: str | None, flag: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    if text is None:
+        return default
+    try:
+        values = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise GGUFSpecError(f"{flag} takes whole numbers separated by commas (got {text!r})") from None
+    if not values or min(values) < 1:
+        raise GGUFSpecError(f"{flag} values must be at least 1 (got {text!r})")
+    return values
+
+
+@cli.command()
+@model_options
+@sampling_options
+@click.option("--modes", default="target,draft,speculative,lookup", show_default=True,
+              help="Comma list of modes: target, draft (draft model alone), speculative, lookup.")
+@click.option("--suite", "suites", default="code,edit,chat,summarize", show_default=True,
+              help="Comma list of built-in prompt suites.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="Your own prompts: text (one per line) or JSONL with `prompt` or `messages`.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Counted runs per prompt (median reported).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Uncounted runs per configuration.")
+@click.option("--natural-stop", is_flag=True, help="Stop at end-of-generation tokens instead of generating -n tokens.")
+@click.option("--by-suite", is_flag=True, help="A row per mode and suite.")
+@click.option("--per-prompt", is_flag=True, help="A row per mode and prompt.")
+@click.option("--save-outputs", type=click.Path(file_okay=False), default=None, help="Save the texts side by side here.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object with a `rows` list.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV rows.")
+@click.option("--markdown", "as_markdown", is_flag=True, help="A Markdown table.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="PNG of tok/s against --draft-max (needs matplotlib).")
+@user_errors
+def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, per_prompt, save_outputs,
+          as_json, as_csv, as_markdown, plot, **options):
+    """Benchmark target-only against speculative decoding (and the draft alone) on the same prompts.
+
+    With no PAIR or -m it runs the default pair of models.toml. Greedy by default, -n tokens per
+    prompt; every speed-up is against the target alone, measured in the same process.
+
+    \b
+    Examples:
+      ggufspec bench
+      ggufspec bench --suite edit --draft-max 1,2,3,4,8 --plot sweep.png
+      ggufspec bench -m target.gguf -md draft.gguf --temp 0.2 --repeats 3 --json
+    """
+    from . import bench as B
+    from .report import markdown, table, to_csv, to_json
+
+    if repeats < 1 or warmup < 0:
+        raise GGUFSpecError("--repeats must be at least 1 and --warmup at least 0")
+    draft_max_text = options.pop("draft_max", None)
+    settings_kw = settings_from(options)
+    draft_max = _int_list(draft_max_text, "--draft-max", (4,))
+    n = settings_kw.pop("max_tokens", None) or 64
+    settings_kw.pop("mode", None)
+    settings_kw.pop("ignore_eos", None)
+    if settings_kw.get("temperature", 0) > 0:
+        settings_kw.setdefault("seed", 0)  # sampled runs use fixed seeds
+    prompts = (B.load_prompts_file(prompts_file) if prompts_file else
+               [p for s in suites.split(",") if s.strip() for p in B.load_suite(s.strip())])
+    options["use_default"] = True
+    engine, pair_defaults = open_engine(options)
+    with engine:
+        generation = dict(pair_defaults.get("settings", {}))
+        generation.pop("mode", None)
+        pair_draft_max = generation.pop("draft_max", None)
+        if pair_draft_max and draft_max_text is None:
+            draft_max = (int(pair_draft_max),)  # the pair's recommended draft length
+        generation.update(settings_kw)
+        settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()), draft_max, n, repeats,
+                                   warmup, not natural_stop, generation)
+        from .engine import GenerationSettings
+        GenerationSettings(max_tokens=n, draft_max=max(draft_max), **generation).validate()
+        runs: list = []
+        total = B.total_runs(settings, len(prompts), engine.draft_model is not None)
+        interrupted = False
+        try:
+            with click.progressbar(length=total, label="bench", file=sys.stderr) as bar:
+                B.run(engine, prompts, settings, runs, progress=bar.update)
+        except KeyboardInterrupt:
+            interrupted = True
+            click.echo(f"\ninterrupted: showing the {len(runs)} finished runs", err=True)
+        by = "prompt" if per_prompt else "suite" if by_suite else "all"
+        rows = B.rows(runs, engine, settings, by=by)
+        B.explain_divergences(rows, runs, engine)
+        if save_outputs:
+            B.save_outputs(runs, save_outputs)
+        costs = engine.costs
+        meta = {
+            "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
+            "draft": str(engine.draft_model.path) if engine.draft_model else None,
+            "n_prompts": len(prompts), "max_tokens": n, "repeats": repeats, "warmup": warmup,
+            "greedy": generation.get("temperature", 0) in (0, None), "settings": generation,
+            "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch,
+            "costs": None if costs is None else {"target_batch_seconds": costs.target_batch_seconds,
+                                                 "draft_token_seconds": costs.draft_token_seconds},
+            "interrupted": interrupted,
+        }
+    if as_json:
+        click.echo(to_json({**meta, "rows": rows}))
+    elif as_csv:
+        click.echo(to_csv(rows, [(k, k) for k in rows[0]] if rows else None), nl=False)
+    else:
+        display = _bench_display(rows)
+        columns = [c for c in BENCH_COLUMNS if c[0] != "group" or by != "all"]
+        click.echo(markdown(display, columns) if as_markdown else table(display, columns))
+        if costs is not None:
+            t1 = costs.target_token_seconds
+            line = f"\ntarget step {1000 * t1:.1f} ms"
+            if len(costs.target_batch_seconds) >= 4:
+                line += f"; a batch of 4 costs {costs.target_batch_seconds[3] / t1:.2f} steps"
+            if costs.draft_token_seconds:
+                line += f"; draft step {1000 * costs.draft_token_seconds:.1f} ms ({costs.draft_token_seconds / t1:.2f} of a target step)"
+            line += f"; batches up to {engine.exact_batch} are bit-identical to one-token decoding"
+            click.echo(line)
+    if plot:
+        _plot(rows, plot)
+    if interrupted:
+        sys.exit(130)
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GGUFSpecError("--plot needs matplotlib: pip install 'ggufspec[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    target = [r for r in rows if r["mode"] == "target" and r["group"] == "all"]
+    if target:
+        ax.axhline(target[0]["tokens_per_second"], color="black", linestyle="--", label="target alone")
+    for mode in sorted({r["mode"] for r in rows if r["draft_max"]}):
+        pts = sorted((r["draft_max"], r["tokens_per_second"]) for r in rows if r["mode"] == mode and r["group"] == "all")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+    ax.set_xlabel("--draft-max")
+    ax.set_ylabel("tokens/sec (generation)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 @cli.group()
 def models():
     """The registry of models and pairs (models.toml), and the files on this machine."""

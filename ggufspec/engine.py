@@ -214,6 +214,17 @@ class Engine:
         self.model_drafter = ModelDrafter(self.draft_model, self.draft_ctx) if self.draft_model else None
         self.lookup_drafter = LookupDrafter()
 
+    def draft_alone(self) -> "Engine":
+        """The draft model as a target of its own (for draft-only baselines); shares this engine's handles."""
+        if self.draft_model is None:
+            raise GGUFSpecError("there is no draft model to run alone")
+        view = object.__new__(Engine)
+        view.target_model, view.target_ctx = self.draft_model, self.draft_ctx
+        view.draft_model = view.draft_ctx = view.model_drafter = None
+        view.lookup_drafter = LookupDrafter()
+        view.costs, view.exact_batch, view._owner = None, 1, False
+        return view
+
     @property
     def n_ctx(self) -> int:
         return self.target_ctx.n_ctx
@@ -325,6 +336,8 @@ class Engine:
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
+        if not getattr(self, "_owner", True):
+            return  # a view (draft_alone) does not own the handles
         for name in ("draft_ctx", "draft_model", "target_ctx", "target_model"):
             obj = getattr(self, name, None)
             if obj is not None:

@@ -8,6 +8,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny import write_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# The real models live where scripts/fetch_offline_models.py put them, read before any test
+# points GGUFSPEC_MODELS_DIR at a temporary directory.
+REAL_MODELS_DIR = Path(os.environ.get("GGUFSPEC_MODELS_DIR") or
+                       Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggufspec" / "models")
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
 
 
@@ -38,11 +42,12 @@ def tiny(tmp_path_factory):
     }
 
 
-def real_models_dir() -> Path | None:
-    """Where scripts/fetch_offline_models.py put the real pair, if it did."""
-    from ggufspec.hub import models_dir
-
-    for d in [os.environ.get("GGUFSPEC_REAL_MODELS_DIR"), os.environ.get("GGUFSPEC_MODELS_DIR_REAL")]:
-        if d and Path(d).is_dir():
-            return Path(d)
-    return None
+def real_model(filename: str) -> Path:
+    """A real GGUF from the models directory; skipped if absent, failed if CI requires it."""
+    path = REAL_MODELS_DIR / filename
+    if not path.is_file():
+        message = f"{path} is missing: run `python scripts/fetch_offline_models.py qwen2.5-coder-1.5b gemma-3-270m`"
+        if os.environ.get("GGUFSPEC_REQUIRE_REAL") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

@@ -1,0 +1,292 @@
+"""The with/without-draft benchmark: every mode on the same prompts, in one process.
+
+Models are loaded once. Each configuration (a mode and, for drafting modes, a draft length)
+runs every prompt `repeats` times after `warmup` uncounted runs; a row reports the median
+generation speed over repeats and its range, the speed-up over target-only decoding, the
+acceptance statistics, where the time went, peak memory, whether greedy text is identical to
+the target's, and what Leviathan et al.'s formula predicts from the measured alpha and costs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import psutil
+
+from .engine import Engine, Stats
+from .errors import GGUFSpecError
+from .sampling import top2_gap
+
+SUITES = ("code", "edit", "chat", "summarize")
+DRAFTING_MODES = ("speculative", "lookup")
+ALL_MODES = ("target", "draft", "speculative", "lookup")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    suite: str
+    index: int
+    text: str | None = None
+    messages: tuple | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.suite}-{self.index}"
+
+
+def load_suite(name: str) -> list[Prompt]:
+    if name not in SUITES:
+        raise GGUFSpecError(f"--suite {name!r} is not a built-in suite; choose from {', '.join(SUITES)}")
+    text = resources.files("ggufspec.prompts").joinpath(f"{name}.jsonl").read_text()
+    return _parse_prompts(text, name, f"suite {name}")
+
+
+def load_prompts_file(path: str | Path) -> list[Prompt]:
+    """Plain text (one prompt per line) or JSONL with `prompt` or `messages` per line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise GGUFSpecError(f"{p}: cannot read the prompts file ({e.strerror})") from None
+    prompts = _parse_prompts(text, p.stem, str(p))
+    if not prompts:
+        raise GGUFSpecError(f"{p}: no prompts in the file")
+    return prompts
+
+
+def _parse_prompts(text: str, suite: str, where: str) -> list[Prompt]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise GGUFSpecError(f"{where}, line {n}: not valid JSON ({e.msg})") from None
+            if isinstance(obj.get("prompt"), str):
+                out.append(Prompt(suite, len(out), text=obj["prompt"]))
+            elif isinstance(obj.get("messages"), list):
+                out.append(Prompt(suite, len(out), messages=tuple(obj["messages"])))
+            else:
+                raise GGUFSpecError(f"{where}, line {n}: a JSON line needs a `prompt` string or a `messages` list")
+        else:
+            out.append(Prompt(suite, len(out), text=line))
+    return out
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row's worth of settings."""
+
+    mode: str  # target | draft | speculative | lookup
+    draft_max: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.mode if self.draft_max is None else f"{self.mode} (draft-max {self.draft_max})"
+
+
+@dataclass
+class Run:
+    config: Config
+    prompt: Prompt
+    repeat: int
+    tokens: list[int]
+    text: str
+    stats: Stats
+    rss: int
+
+
+@dataclass
+class BenchSettings:
+    modes: tuple[str, ...] = ALL_MODES
+    draft_max: tuple[int, ...] = (4,)
+    max_tokens: int = 64
+    repeats: int = 1
+    warmup: int = 1
+    ignore_eos: bool = True
+    generation: dict = field(default_factory=dict)  # temperature, seed, top_k, ... for every run
+
+
+def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
+    configs = []
+    for mode in settings.modes:
+        if mode not in ALL_MODES:
+            raise GGUFSpecError(f"--modes: unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
+        if mode in ("draft", "speculative") and not has_draft:
+            continue
+        if mode in DRAFTING_MODES:
+            configs += [Config(mode, k) for k in settings.draft_max]
+        else:
+            configs.append(Config(mode))
+    if not any(c.mode == "target" for c in configs):
+        configs.insert(0, Config("target"))  # the baseline every speed-up is measured against
+    return configs
+
+
+def prompt_tokens(engine: Engine, prompt: Prompt) -> list[int]:
+    """Through the model's chat template when it has one, as a user would send it."""
+    if prompt.messages is not None:
+        return engine.tokenize_prompt(messages=list(prompt.messages))
+    if engine.target_model.chat_template:
+        return engine.tokenize_prompt(messages=[{"role": "user", "content": prompt.text}])
+    return engine.tokenize_prompt(prompt.text)
+
+
+def run_one(engine: Engine, config: Config, tokens: list[int], settings: BenchSettings):
+    kw = dict(settings.generation, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos)
+    if config.mode == "target":
+        return engine.generate(prompt_tokens=tokens, mode="target", **kw)
+    if config.mode == "draft":
+        return engine.draft_alone().generate(prompt_tokens=tokens, mode="target", **kw)
+    mode = "draft" if config.mode == "speculative" else config.mode
+    return engine.generate(prompt_tokens=tokens, mode=mode, draft_max=config.draft_max, **kw)
+
+
+def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: list[Run], progress=None) -> list[Run]:
+    """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done)."""
+    configs = plan(settings, engine.draft_model is not None)
+    tokenized = [(p, prompt_tokens(engine, p)) for p in prompts]
+    proc = psutil.Process()
+    for config in configs:
+        for _ in range(settings.warmup):  # caches, page faults, thread pools: not counted
+            run_one(engine, config, tokenized[0][1], settings)
+        for repeat in range(settings.repeats):
+            for prompt, tokens in tokenized:
+                result = run_one(engine, config, tokens, settings)
+                runs.append(Run(config, prompt, repeat, result.tokens, result.text, result.stats, proc.memory_info().rss))
+                if progress:
+                    progress(1)
+    return runs
+
+
+def total_runs(settings: BenchSettings, n_prompts: int, has_draft: bool) -> int:
+    return len(plan(settings, has_draft)) * settings.repeats * n_prompts
+
+
+# --- rows ----------------------------------------------------------------------------------
+
+
+def predicted_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
+    """Leviathan et al. (2023), eq. 1: expected tokens per round over the round's cost in target steps."""
+    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * cost_ratio + 1)
+
+
+def predicted_with_costs(alpha: float, gamma: int, engine: Engine, draft_cost: float, exact: bool) -> float | None:
+    """The same expectation, but with the verify batch's measured cost instead of one step's."""
+    costs = engine.costs
+    if costs is None:
+        return None
+    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    verify = costs.verify_seconds(gamma + 1, engine.exact_batch if exact else None)
+    return tokens * costs.target_token_seconds / (gamma * draft_cost + verify)
+
+
+def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], position: int) -> float:
+    """The target's one-token top-1/top-2 logit gap where a greedy run left the target's text."""
+    ctx = engine.target_ctx
+    ctx.clear()
+    ctx.decode(tokens[:-1], logits="none")
+    last = tokens[-1]
+    for t in reference[:position]:
+        ctx.decode([last], logits="none")
+        last = t
+    gap = top2_gap(ctx.decode([last])[0])
+    ctx.clear()
+    return gap
+
+
+def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "all") -> list[dict]:
+    """Aggregate runs into rows: one per configuration (and per suite or prompt if asked)."""
+    greedy = settings.generation.get("temperature", 0) in (0, None)
+    exact = settings.generation.get("exact")
+    exact = exact if exact is not None else engine.exact_batch >= 2
+    reference = {(r.prompt, r.repeat): r for r in runs if r.config.mode == "target"}
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        key = "all" if by == "all" else r.prompt.suite if by == "suite" else r.prompt.label
+        groups.setdefault((r.config, key), []).append(r)
+    target_tps = {key: _tps(rs)[0] for (config, key), rs in groups.items() if config.mode == "target"}
+    out = []
+    costs = engine.costs
+    for (config, key), rs in groups.items():
+        median, low, high = _tps(rs)
+        stats = [r.stats for r in rs]
+        gen = sum(s.generation_seconds for s in stats)
+        drafted, accepted = sum(s.n_drafted for s in stats), sum(s.n_accepted for s in stats)
+        alpha = accepted / drafted if drafted else None
+        row = {
+            "mode": config.mode, "label": config.label, "draft_max": config.draft_max, "group": key,
+            "n_prompts": len({r.prompt for r in rs}), "repeats": settings.repeats,
+            "tokens_per_second": median, "tokens_per_second_min": low, "tokens_per_second_max": high,
+            "speedup": median / target_tps[key] if target_tps.get(key) else None,
+            "prompt_tokens_per_second": sum(s.n_prompt for s in stats) / max(1e-9, sum(s.prompt_seconds for s in stats)),
+            "n_generated": sum(s.n_generated for s in stats),
+            "acceptance_rate": alpha,
+            "tokens_per_round": sum(s.n_generated for s in stats) / max(1, sum(s.rounds for s in stats)),
+            "full_accepts": sum(s.full_accepts for s in stats) if drafted else None,
+            "draft_share": sum(s.draft_seconds for s in stats) / gen if gen else None,
+            "verify_share": sum(s.target_seconds for s in stats) / gen if gen else None,
+            "overhead_share": sum(s.overhead_seconds for s in stats) / gen if gen else None,
+            "peak_rss_bytes": max(r.rss for r in rs),
+            "identical_to_target": None, "divergence": None,
+            "predicted_speedup": None, "predicted_speedup_costs": None,
+        }
+        if greedy and config.mode not in ("target", "draft"):
+            row["identical_to_target"] = True
+            for r in rs:
+                ref = reference.get((r.prompt, r.repeat))
+                if ref is not None and ref.tokens != r.tokens:
+                    pos = next((i for i, (a, b) in enumerate(zip(ref.tokens, r.tokens)) if a != b), min(len(ref.tokens), len(r.tokens)))
+                    row["identical_to_target"] = False
+                    if row["divergence"] is None:
+                        row["divergence"] = {"prompt": r.prompt.label, "token": pos}
+        if alpha is not None and config.draft_max and costs is not None:
+            draft_cost = costs.draft_token_seconds if config.mode == "speculative" else 0.0
+            ratio = (draft_cost or 0.0) / costs.target_token_seconds
+            row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, ratio)
+            row["predicted_speedup_costs"] = predicted_with_costs(alpha, config.draft_max, engine, draft_cost or 0.0, exact)
+        out.append(row)
+    return out
+
+
+def explain_divergences(rows_: list[dict], runs: list[Run], engine: Engine) -> None:
+    """Fill in the target's logit gap at each reported divergence (a diagnostic pass, not timed)."""
+    by_label = {(r.prompt.label, r.repeat): r for r in runs if r.config.mode == "target"}
+    tokens_for = {r.prompt.label: r.prompt for r in runs}
+    for row in rows_:
+        d = row.get("divergence")
+        if d and "gap" not in d:
+            ref = by_label.get((d["prompt"], 0))
+            if ref is not None:
+                d["gap"] = divergence_gap(engine, prompt_tokens(engine, tokens_for[d["prompt"]]), ref.tokens, d["token"])
+
+
+def _tps(rs: list[Run]) -> tuple[float, float, float]:
+    """Median, min and max over repeats of (tokens / generation seconds) summed over prompts."""
+    per_repeat = {}
+    for r in rs:
+        tokens, seconds = per_repeat.get(r.repeat, (0, 0.0))
+        per_repeat[r.repeat] = (tokens + r.stats.n_generated, seconds + r.stats.generation_seconds)
+    values = [t / s for t, s in per_repeat.values() if s > 0] or [0.0]
+    return statistics.median(values), min(values), max(values)
+
+
+def save_outputs(runs: list[Run], folder: str | Path) -> None:
+    """One Markdown file per prompt with every mode's text under its own heading."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    by_prompt: dict[Prompt, dict[str, str]] = {}
+    for r in runs:
+        if r.repeat == 0:
+            by_prompt.setdefault(r.prompt, {})[r.config.label] = r.text
+    for prompt, texts in by_prompt.items():
+        parts = [f"# {prompt.label}\n\n## prompt\n\n{prompt.text or json.dumps(list(prompt.messages))}\n"]
+        parts += [f"## {label}\n\n{text}\n" for label, text in texts.items()]
+        (folder / f"{prompt.label}.md").write_text("\n".join(parts))
