@@ -22,11 +22,11 @@ from .errors import GGUFSpecError
 from .sampling import top2_gap
 
 SUITES = ("code", "edit", "chat", "summarize")
-DRAFTING_MODES = ("speculative", "lookup")
-ALL_MODES = ("target", "draft", "speculative", "lookup")
+DRAFTING_MODES = ("speculative", "lookup", "auto")
+ALL_MODES = ("target", "draft", "speculative", "lookup", "auto")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # by identity: a prompt may hold chat messages (dicts)
 class Prompt:
     suite: str
     index: int
@@ -153,11 +153,14 @@ def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: li
     configs = plan(settings, engine.draft_model is not None)
     tokenized = [(p, prompt_tokens(engine, p)) for p in prompts]
     proc = psutil.Process()
-    for config in configs:
-        for _ in range(settings.warmup):  # caches, page faults, thread pools: not counted
+    for _ in range(settings.warmup):  # caches, page faults, thread pools: not counted
+        for config in configs:
             run_one(engine, config, tokenized[0][1], settings)
-        for repeat in range(settings.repeats):
-            for prompt, tokens in tokenized:
+    # Configurations take turns on each prompt, so a machine that speeds up or slows down
+    # during the run (other load, clocks) moves every row alike instead of favouring one.
+    for repeat in range(settings.repeats):
+        for prompt, tokens in tokenized:
+            for config in configs:
                 result = run_one(engine, config, tokens, settings)
                 runs.append(Run(config, prompt, repeat, result.tokens, result.text, result.stats, proc.memory_info().rss))
                 if progress:
@@ -247,7 +250,7 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
                     row["identical_to_target"] = False
                     if row["divergence"] is None:
                         row["divergence"] = {"prompt": r.prompt.label, "token": pos}
-        if alpha is not None and config.draft_max and costs is not None:
+        if alpha is not None and config.draft_max and costs is not None and config.mode != "auto":
             draft_cost = costs.draft_token_seconds if config.mode == "speculative" else 0.0
             ratio = (draft_cost or 0.0) / costs.target_token_seconds
             row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, ratio)

@@ -80,7 +80,8 @@ def sampling_options(fn):
         click.option("--draft-min", type=int, default=None, help="Fewest drafted tokens worth verifying."),
         click.option("--draft-p-min", type=float, default=None,
                      help="Stop drafting when the draft's own confidence falls below this."),
-        click.option("--mode", default=None, help="Drafting: draft (model), lookup (prompt n-grams), target (none)."),
+        click.option("--mode", default=None,
+                     help="Drafting: auto (default: whatever pays each round), draft (model), lookup (prompt n-grams), target (none)."),
         click.option("--ignore-eos", is_flag=True, default=None, help="Keep generating past end-of-generation tokens."),
         click.option("--exact/--no-exact", default=None,
                      help="Greedy: verify only in batch sizes that are bit-identical to one-token decoding "
@@ -242,8 +243,8 @@ def _int_list(text: str | None, flag: str, default: tuple[int, ...]) -> tuple[in
 @cli.command()
 @model_options
 @sampling_options
-@click.option("--modes", default="target,draft,speculative,lookup", show_default=True,
-              help="Comma list of modes: target, draft (draft model alone), speculative, lookup.")
+@click.option("--modes", default="target,draft,speculative,lookup,auto", show_default=True,
+              help="Comma list of modes: target, draft (draft model alone), speculative, lookup, auto.")
 @click.option("--suite", "suites", default="code,edit,chat,summarize", show_default=True,
               help="Comma list of built-in prompt suites.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,

@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from .backend import Context, Model, set_verbose
+from .auto import AutoDrafter
 from .compat import check_compatible
 from .costs import costs_for
 from .drafters import LookupDrafter, ModelDrafter
@@ -26,7 +27,7 @@ from .errors import ContextFullError, GGUFSpecError
 from .sampling import SamplingParams
 from .speculative import DEFAULT_TIE_MARGIN, prefill, speculative_step
 
-MODES = ("target", "draft", "lookup")
+MODES = ("auto", "target", "draft", "lookup")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class GenerationSettings:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
-    mode: str | None = None  # None: "draft" when a draft model is loaded, else "target"
+    mode: str = "auto"  # auto (cost-aware: none / lookup / draft model per round), draft, lookup, target
     draft_max: int = 4
     draft_min: int = 0
     draft_p_min: float = 0.0
@@ -62,7 +63,7 @@ class GenerationSettings:
              f"--draft-min must be between 0 and --draft-max={self.draft_max} (got {self.draft_min})"),
             (0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
             (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
-            (self.mode is None or self.mode in MODES, f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})"),
+            (self.mode in MODES, f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})"),
             (self.seed is None or 0 <= self.seed < 2**63, f"-s/--seed must be a non-negative integer (got {self.seed})"),
         ]
         for ok, message in checks:
@@ -81,6 +82,7 @@ class Stats:
 
     mode: str = "target"
     n_prompt: int = 0
+    rounds_by_source: dict = field(default_factory=dict)  # which drafter each round used ("target": none)
     prompt_seconds: float = 0.0
     n_generated: int = 0
     generation_seconds: float = 0.0
@@ -114,6 +116,7 @@ class Stats:
 
     def add(self, r) -> None:
         self.rounds += 1
+        self.rounds_by_source[r.source] = self.rounds_by_source.get(r.source, 0) + 1
         self.n_drafted += r.n_drafted
         self.n_accepted += r.n_accepted
         if r.n_drafted:
@@ -246,7 +249,12 @@ class Engine:
 
     # -- generation ---------------------------------------------------------------------------
 
-    def _drafter(self, mode: str):
+    def _drafter(self, mode: str, exact: bool):
+        if mode == "auto":
+            if self.costs is None:
+                raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
+            return AutoDrafter(self.costs, exact=exact, exact_batch=self.exact_batch, lookup=self.lookup_drafter,
+                               model=self.model_drafter)
         if mode == "draft":
             if self.model_drafter is None:
                 raise GGUFSpecError("mode 'draft' needs a draft model (-md DRAFT)")
@@ -260,15 +268,15 @@ class Engine:
                **overrides) -> Iterator[Chunk]:
         """Yield a Chunk per round; the last one carries finish_reason ("stop", "length" or "stop_string")."""
         s = _settings(settings, overrides)
-        mode = s.mode or ("draft" if self.model_drafter else "target")
-        drafter = self._drafter(mode)
+        mode = s.mode
+        exact = s.exact if s.exact is not None else self.exact_batch >= 2
+        drafter = self._drafter(mode, exact)
         if prompt_tokens is None:
             prompt_tokens = self.tokenize_prompt(prompt, messages)
         elif len(prompt_tokens) >= self.n_ctx:
             raise GGUFSpecError(f"the prompt is {len(prompt_tokens)} tokens, longer than the context (n_ctx={self.n_ctx})")
         params = s.sampling
         rng = np.random.default_rng(s.seed)
-        exact = s.exact if s.exact is not None else self.exact_batch >= 2
         if self.model_drafter:
             self.model_drafter.p_min = s.draft_p_min
         stats = Stats(mode=mode, n_prompt=len(prompt_tokens))
@@ -293,6 +301,8 @@ class Engine:
             r = speculative_step(self.target_ctx, drafter, history, k, params, rng, tie_margin=s.tie_margin,
                                  draft_min=s.draft_min, exact_batch=self.exact_batch, exact=exact)
             stats.add(r)
+            if hasattr(drafter, "observe"):
+                drafter.observe(r)
             history.extend(r.tokens)
             new_tokens = []
             for t in r.tokens:

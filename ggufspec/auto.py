@@ -1,0 +1,128 @@
+"""Cost-aware drafting: each round, speculate only as far as it pays on this machine.
+
+Leviathan et al. (2023), section 3.4: with acceptance rate a, a draft of k tokens yields
+E(a, k) = (1 - a^(k+1)) / (1 - a) tokens per target pass. Dividing by what the round costs
+here (k draft steps plus the verify batch, from the measured cost table, chunked and cut short
+at the first rejection when verification is exact) gives expected tokens per second; k = 0 is
+plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no
+draft, a prompt-lookup draft (its alpha tracked per matched n-gram length), or the draft model.
+Acceptance estimates and costs are updated from every round, so the choice follows the text.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .costs import Costs
+from .drafters import Draft, LookupDrafter, ModelDrafter
+from .sampling import SamplingParams
+
+
+class Estimate:
+    """A running acceptance rate: a prior worth `weight` drafts, then observations with decay."""
+
+    def __init__(self, prior: float, weight: float, decay: float = 0.98):
+        self.accepted, self.drafted, self.decay = prior * weight, weight, decay
+
+    @property
+    def value(self) -> float:
+        return self.accepted / self.drafted
+
+    def update(self, n_accepted: int, n_drafted: int) -> None:
+        for i in range(n_drafted):  # one Bernoulli observation per drafted position reached
+            self.accepted = self.accepted * self.decay + (1.0 if i < n_accepted else 0.0)
+            self.drafted = self.drafted * self.decay + 1.0
+            if i >= n_accepted:
+                break
+
+
+def expected_tokens(a: float, k: int) -> float:
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+class AutoDrafter:
+    """Chooses, per round, no draft / lookup / draft model, and the draft length."""
+
+    name = "auto"
+
+    def __init__(self, costs: Costs, *, exact: bool, exact_batch: int, lookup: LookupDrafter,
+                 model: ModelDrafter | None = None, draft_cost: float | None = None):
+        self.table = list(costs.target_batch_seconds)
+        self.exact, self.exact_batch = exact, max(1, exact_batch)
+        self.lookup, self.model = lookup, model
+        self.draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
+        self.reset_estimates()
+        self.choices = {"target": 0, "lookup": 0, "draft": 0}
+        self._last: tuple[str, int] = ("target", 0)
+
+    def reset_estimates(self) -> None:
+        # Longer matches repeat the text more reliably; a draft model of the same family agrees often.
+        self.lookup_alpha = {n: Estimate(prior, 2.0) for n, prior in ((1, 0.3), (2, 0.5), (3, 0.75), (4, 0.8))}
+        self.model_alpha = Estimate(0.7, 4.0)
+
+    def reset(self, prompt_tokens: list[int]) -> None:
+        self.lookup.reset(prompt_tokens)
+        if self.model is not None:
+            self.model.reset([])  # lazily: the draft catches up only if and when it is used
+
+    # -- costs --------------------------------------------------------------------------------
+
+    def _batch(self, n: int) -> float:
+        t = self.table
+        return t[n - 1] if n <= len(t) else t[-1] / len(t) * n
+
+    def verify_cost(self, n_rows: int, a: float) -> float:
+        """Expected seconds to verify n_rows; exact mode decodes chunks and stops at a rejection."""
+        if not self.exact or n_rows <= self.exact_batch:
+            return self._batch(n_rows)
+        cost, start = 0.0, 0
+        while start < n_rows:
+            m = min(self.exact_batch, n_rows - start)
+            cost += a ** start * self._batch(m)  # this chunk runs only if every draft before it was accepted
+            start += m
+        return cost
+
+    def rate(self, a: float, k: int, draft_step: float) -> float:
+        return expected_tokens(a, k) / (k * draft_step + self.verify_cost(k + 1, a))
+
+    # -- the choice ---------------------------------------------------------------------------
+
+    def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        start = time.perf_counter()
+        best = ("target", 0, 1.0 / self._batch(1))
+        match, n = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
+        if match:
+            a = self.lookup_alpha[min(n, 4)].value
+            for k in range(1, len(match) + 1):
+                r = self.rate(a, k, 0.0)
+                if r > best[2]:
+                    best = ("lookup", k, r)
+        if self.model is not None and self.draft_cost:
+            a = self.model_alpha.value
+            for k in range(1, n_max + 1):
+                r = self.rate(a, k, self.draft_cost)
+                if r > best[2]:
+                    best = ("draft", k, r)
+        source, k, _ = best
+        self.choices[source] += 1
+        self._last = (source, n)
+        if source == "lookup":
+            return Draft(match[:k], None, time.perf_counter() - start, 0, "lookup", {"ngram": n})
+        if source == "draft":
+            return self.model.propose(history, k, params, rng)
+        return Draft([], None, time.perf_counter() - start, 0, "target")
+
+    def observe(self, r) -> None:
+        """Learn from a finished round: acceptance by source, and what the target pass cost."""
+        source, n = self._last
+        if r.n_drafted:
+            if source == "lookup":
+                self.lookup_alpha[min(n, 4)].update(r.n_accepted, r.n_drafted)
+            elif source == "draft":
+                self.model_alpha.update(r.n_accepted, r.n_drafted)
+        rows = r.n_drafted + 1
+        one_call = not self.exact or rows <= self.exact_batch
+        if one_call and not r.ties_settled and rows <= len(self.table):
+            self.table[rows - 1] = 0.9 * self.table[rows - 1] + 0.1 * r.target_seconds

@@ -1,0 +1,72 @@
+"""Cost-aware drafting: the expectation math, the choice, and the loop on tiny models."""
+
+import pytest
+
+from ggufspec import Engine
+from ggufspec.auto import AutoDrafter, Estimate, expected_tokens
+from ggufspec.costs import Costs
+from ggufspec.drafters import LookupDrafter
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 3) == 4.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_estimate_moves_toward_observations():
+    e = Estimate(0.5, 2.0)
+    for _ in range(50):
+        e.update(3, 3)
+    assert e.value > 0.9
+    for _ in range(120):  # decay 0.98: old evidence fades over ~100 observations
+        e.update(0, 3)  # a rejection at the first draft: one observation, not three
+    assert e.value < 0.2
+
+
+def cpu_like(exact_batch=3):
+    # Measured shape of this machine: a batch of k costs nearly k steps; the draft costs 0.6 of a step.
+    return Costs([0.043, 0.070, 0.093, 0.130, 0.150, 0.171, 0.19, 0.28, 0.29], exact_batch, 0.025)
+
+
+def gpu_like():
+    # A verify batch is almost free; the draft is cheap.
+    return Costs([0.040, 0.041, 0.042, 0.043, 0.044, 0.045, 0.046, 0.047, 0.048], 1, 0.006)
+
+
+def test_exact_verify_cost_counts_chunks_reached():
+    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
+    assert d.verify_cost(3, 0.9) == pytest.approx(0.093)
+    assert d.verify_cost(5, 1.0) == pytest.approx(0.093 + 0.070)
+    assert d.verify_cost(5, 0.5) == pytest.approx(0.093 + 0.5 ** 3 * 0.070)
+
+
+def test_draft_model_never_chosen_where_it_cannot_pay():
+    """On the measured CPU costs even a perfect draft model loses: auto must not use it."""
+    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter(), model=object(), draft_cost=0.025)
+    d.model_alpha = Estimate(1.0, 1000)
+    best_model = max(d.rate(1.0, k, 0.025) for k in range(1, 9))
+    assert best_model < 1 / 0.043
+
+
+def test_draft_model_chosen_where_verification_is_nearly_free():
+    d = AutoDrafter(gpu_like(), exact=False, exact_batch=1, lookup=LookupDrafter(), draft_cost=0.006)
+    assert max(d.rate(0.7, k, 0.006) for k in range(1, 9)) > 1.5 / 0.040
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    with Engine(tiny["target"], tiny["close"], n_ctx=512) as e:
+        yield e
+
+
+def test_auto_is_greedy_identical_and_reports_its_choices(engine):
+    for prompt in ["hello world hello world hello", "abcabcabcabc", "x"]:
+        ref = engine.generate(prompt, max_tokens=40, mode="target", ignore_eos=True)
+        out = engine.generate(prompt, max_tokens=40, mode="auto", ignore_eos=True)
+        assert out.tokens == ref.tokens
+        assert sum(out.stats.rounds_by_source.values()) == out.stats.rounds
+
+
+def test_auto_is_the_default_mode(engine):
+    assert engine.generate("hi", max_tokens=5).stats.mode == "auto"
