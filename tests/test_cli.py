@@ -41,7 +41,7 @@ def test_generate_streams_text_then_stats(tiny):
 def test_generate_same_text_with_and_without_draft(tiny):
     base = json.loads(run("generate", "-m", tiny["target"], "-p", "hi there", "-n", "30", "--ignore-eos", "--json").stdout)
     spec = json.loads(run("generate", "-m", tiny["target"], "-md", tiny["far"], "-p", "hi there", "-n", "30",
-                          "--ignore-eos", "--json").stdout)
+                          "--ignore-eos", "--mode", "draft", "--json").stdout)
     assert spec["tokens"] == base["tokens"] and spec["text"] == base["text"]
     assert spec["stats"]["n_drafted"] > 0
 

@@ -34,8 +34,8 @@ def test_greedy_speculative_equals_target_only(pairs, draft, exact):
 
 
 def test_drafts_are_really_accepted_and_rejected(pairs):
-    close = pairs["close"].generate("hello world", max_tokens=60, draft_max=4, ignore_eos=True, exact=False).stats
-    far = pairs["far"].generate("hello world", max_tokens=60, draft_max=4, ignore_eos=True, exact=False).stats
+    close = pairs["close"].generate("hello world", max_tokens=60, draft_max=4, ignore_eos=True, exact=False, mode="draft").stats
+    far = pairs["far"].generate("hello world", max_tokens=60, draft_max=4, ignore_eos=True, exact=False, mode="draft").stats
     assert close.n_drafted > 0 and far.n_drafted > 0
     assert 0 < far.acceptance_rate < close.acceptance_rate < 1
     assert sum(close.accepted_histogram) == close.rounds  # every round drafted
@@ -45,20 +45,20 @@ def test_drafts_are_really_accepted_and_rejected(pairs):
 @pytest.mark.parametrize("exact", [True, False])
 def test_identical_draft_accepts_everything_greedy(pairs, exact):
     for prompt in PROMPTS[:4]:
-        s = pairs["same"].generate(prompt, max_tokens=50, draft_max=5, ignore_eos=True, exact=exact).stats
+        s = pairs["same"].generate(prompt, max_tokens=50, draft_max=5, ignore_eos=True, exact=exact, mode="draft").stats
         assert s.n_drafted > 0
         assert s.n_accepted == s.n_drafted
         assert s.full_accepts == s.rounds
 
 
 def test_draft_p_min_stops_drafting_early(pairs):
-    loose = pairs["far"].generate("hello world", max_tokens=40, draft_max=8, ignore_eos=True).stats
-    strict = pairs["far"].generate("hello world", max_tokens=40, draft_max=8, draft_p_min=0.9, ignore_eos=True).stats
+    loose = pairs["far"].generate("hello world", max_tokens=40, draft_max=8, ignore_eos=True, mode="draft").stats
+    strict = pairs["far"].generate("hello world", max_tokens=40, draft_max=8, draft_p_min=0.9, ignore_eos=True, mode="draft").stats
     assert strict.n_drafted < loose.n_drafted
 
 
 def test_draft_min_skips_short_drafts(pairs):
-    kw = dict(max_tokens=60, draft_max=3, draft_p_min=0.6, ignore_eos=True)
+    kw = dict(max_tokens=60, draft_max=3, draft_p_min=0.6, ignore_eos=True, mode="draft")
     loose = pairs["far"].generate("hello world", **kw).stats
     strict = pairs["far"].generate("hello world", draft_min=3, **kw).stats
     assert loose.n_drafted != 3 * sum(loose.accepted_histogram)  # p_min cut some drafts short...
@@ -67,18 +67,18 @@ def test_draft_min_skips_short_drafts(pairs):
 
 def test_seed_reproduces_sampled_text(pairs):
     e = pairs["close"]
-    a = e.generate("hello", max_tokens=30, temperature=0.9, seed=42, ignore_eos=True)
-    b = e.generate("hello", max_tokens=30, temperature=0.9, seed=42, ignore_eos=True)
-    c = e.generate("hello", max_tokens=30, temperature=0.9, seed=43, ignore_eos=True)
+    a = e.generate("hello", max_tokens=30, temperature=0.9, seed=42, ignore_eos=True, mode="draft")
+    b = e.generate("hello", max_tokens=30, temperature=0.9, seed=42, ignore_eos=True, mode="draft")
+    c = e.generate("hello", max_tokens=30, temperature=0.9, seed=43, ignore_eos=True, mode="draft")
     assert a.tokens == b.tokens and a.text == b.text
     assert a.tokens != c.tokens
 
 
 def test_generations_do_not_leak_state(pairs):
     e = pairs["far"]
-    first = e.generate("abc", max_tokens=30, ignore_eos=True).tokens
-    e.generate("something else entirely", max_tokens=50, draft_max=6, ignore_eos=True)
-    assert e.generate("abc", max_tokens=30, ignore_eos=True).tokens == first
+    first = e.generate("abc", max_tokens=30, ignore_eos=True, mode="draft").tokens
+    e.generate("something else entirely", max_tokens=50, draft_max=6, ignore_eos=True, mode="draft")
+    assert e.generate("abc", max_tokens=30, ignore_eos=True, mode="draft").tokens == first
 
 
 def test_kv_rewind_gives_the_state_of_a_fresh_run(tiny):
@@ -125,7 +125,7 @@ def test_chat_messages_use_the_gguf_template(tiny):
 
 
 def test_stream_yields_text_incrementally(pairs):
-    chunks = list(pairs["close"].stream("hello", max_tokens=20, ignore_eos=True))
+    chunks = list(pairs["close"].stream("hello", max_tokens=20, ignore_eos=True, mode="draft"))
     assert len(chunks) > 1 and chunks[-1].finish_reason == "length"
     assert all(c.finish_reason is None for c in chunks[:-1])
     assert sum(len(c.tokens) for c in chunks) == 20
@@ -219,10 +219,12 @@ def test_memory_stays_flat_over_many_generations(tiny):
     proc = psutil.Process()
     with Engine(tiny["target"], tiny["close"], n_ctx=256) as e:
         for i in range(50):
-            e.generate(PROMPTS[i % len(PROMPTS)], max_tokens=30, temperature=0.5 * (i % 2), seed=i, ignore_eos=True)
+            e.generate(PROMPTS[i % len(PROMPTS)], max_tokens=30, temperature=0.5 * (i % 2), seed=i, ignore_eos=True,
+                       mode=("draft", "auto", "lookup")[i % 3])
         before = proc.memory_info().rss
         for i in range(300):
-            e.generate(PROMPTS[i % len(PROMPTS)], max_tokens=30, temperature=0.5 * (i % 2), seed=i, ignore_eos=True)
+            e.generate(PROMPTS[i % len(PROMPTS)], max_tokens=30, temperature=0.5 * (i % 2), seed=i, ignore_eos=True,
+                       mode=("draft", "auto", "lookup")[i % 3])
         growth = proc.memory_info().rss - before
     assert growth < 8 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 300 generations"
 

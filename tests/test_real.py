@@ -59,9 +59,11 @@ def test_greedy_identity_on_the_real_pair(engine, prompt):
     tokens = engine.tokenize_prompt(messages=[{"role": "user", "content": prompt}])
     reference = engine.generate(prompt_tokens=tokens, max_tokens=48, mode="target")
     for gamma in (1, 2, 3, 4, 5, 8):
-        out = engine.generate(prompt_tokens=tokens, max_tokens=48, draft_max=gamma)
+        out = engine.generate(prompt_tokens=tokens, max_tokens=48, draft_max=gamma, mode="draft")
         assert out.tokens == reference.tokens, f"draft-max {gamma}"
         assert out.stats.n_drafted > 0 and out.stats.acceptance_rate > 0.3
+    for mode in ("lookup", "auto"):
+        assert engine.generate(prompt_tokens=tokens, max_tokens=48, mode=mode).tokens == reference.tokens, mode
 
 
 def test_full_batches_diverge_only_at_measured_near_ties(engine):
@@ -70,7 +72,7 @@ def test_full_batches_diverge_only_at_measured_near_ties(engine):
         tokens = engine.tokenize_prompt(messages=[{"role": "user", "content": prompt}])
         reference = engine.generate(prompt_tokens=tokens, max_tokens=48, mode="target").tokens
         for gamma in (4, 8):
-            out = engine.generate(prompt_tokens=tokens, max_tokens=48, draft_max=gamma, exact=False).tokens
+            out = engine.generate(prompt_tokens=tokens, max_tokens=48, draft_max=gamma, exact=False, mode="draft").tokens
             if out != reference:
                 i = next(i for i, (a, b) in enumerate(zip(out, reference)) if a != b)
                 gap = target_only_gaps(engine, tokens, reference)[i]
@@ -82,7 +84,7 @@ def test_full_batches_diverge_only_at_measured_near_ties(engine):
 def test_cli_generate_same_text_with_and_without_draft():
     args = ["generate", "-m", str(real_model(TARGET)), "--chat", PROMPTS[0], "-n", "40", "--json"]
     plain = json.loads(CliRunner().invoke(cli, args).stdout)
-    spec = json.loads(CliRunner().invoke(cli, args + ["-md", str(real_model(DRAFT))]).stdout)
+    spec = json.loads(CliRunner().invoke(cli, args + ["-md", str(real_model(DRAFT)), "--mode", "draft"]).stdout)
     assert spec["text"] == plain["text"] and spec["tokens"] == plain["tokens"]
     assert spec["stats"]["n_accepted"] > 0
 
@@ -90,12 +92,12 @@ def test_cli_generate_same_text_with_and_without_draft():
 def test_gemma_as_its_own_draft_accepts_everything():
     gemma = real_model("gemma-3-270m-q4_k_m.gguf")
     with Engine(gemma, gemma, n_ctx=512) as e:
-        out = e.generate("The three primary colours are", max_tokens=40, draft_max=4, ignore_eos=True)
+        out = e.generate("The three primary colours are", max_tokens=40, draft_max=4, ignore_eos=True, mode="draft")
         assert out.stats.n_drafted > 0 and out.stats.n_accepted == out.stats.n_drafted
         assert out.tokens == e.generate("The three primary colours are", max_tokens=40, mode="target", ignore_eos=True).tokens
 
 
 def test_sampled_run_reproduces_with_seed(engine):
-    a = engine.generate("def add(a, b):", max_tokens=24, temperature=0.7, seed=7, draft_max=3)
-    b = engine.generate("def add(a, b):", max_tokens=24, temperature=0.7, seed=7, draft_max=3)
+    a = engine.generate("def add(a, b):", max_tokens=24, temperature=0.7, seed=7, draft_max=3, mode="draft")
+    b = engine.generate("def add(a, b):", max_tokens=24, temperature=0.7, seed=7, draft_max=3, mode="draft")
     assert a.tokens == b.tokens and a.stats.n_drafted > 0
