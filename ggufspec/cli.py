@@ -122,9 +122,11 @@ def open_engine(o: dict):
 def _layers(o: dict, target, draft, pair_defaults: dict) -> tuple[int, int]:
     from .offload import resolve_layers
 
-    return resolve_layers(target, draft, o.get("n_gpu_layers") or pair_defaults.get("n_gpu_layers", "auto"),
-                          o.get("draft_n_gpu_layers") or pair_defaults.get("draft_n_gpu_layers", "auto"),
-                          n_ctx=o["n_ctx"])
+    def pick(key):
+        value = o.get(key)
+        return value if value is not None else pair_defaults.get(key, "auto")
+
+    return resolve_layers(target, draft, pick("n_gpu_layers"), pick("draft_n_gpu_layers"), n_ctx=o["n_ctx"])
 
 
 class OneLineErrors(click.Group):
@@ -370,6 +372,63 @@ def _plot(rows: list[dict], path: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+@cli.command("plan")
+@click.argument("pair", required=False)
+@click.option("-m", "--model", "target", help="Target: a .gguf path or a model name.")
+@click.option("-md", "--model-draft", "draft", help="Draft: a .gguf path or a model name.")
+@click.option("--vram", default=None, help="GPU memory budget, e.g. 24GiB (default: detected, else 0).")
+@click.option("--ram", default=None, help="System memory to plan against (default: this machine's).")
+@click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens.")
+@click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY")
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def plan_command(pair, target, draft, vram, ram, n_ctx, registry, as_json):
+    """Plan GPU layer offload for a target and draft within a memory budget.
+
+    Reads tensor sizes from the GGUF files (or estimates them from models.toml for files not
+    on this machine), adds the KV cache for -c and a compute allowance, puts the draft on the
+    GPU first, then as many target layers as fit, and prints the -ngl / -ngld flags.
+
+    \b
+    Example:
+      ggufspec plan llama-3-70b-instruct --vram 24GiB -c 8192
+    """
+    from .hub import local_path
+    from .models import looks_like_path
+    from .offload import GiB, detect_vram, parse_size, plan, sizes_for, total_ram
+    from .registry import load_registry
+    from .report import mib, table, to_json
+
+    reg = load_registry(registry)
+    if pair and not looks_like_path(pair):
+        spec = reg.pair(pair)
+        target, draft = target or spec.target, draft or spec.draft
+    elif pair:
+        target = pair
+    if not target:
+        raise GGUFSpecError("name a pair or give -m TARGET (and -md DRAFT)")
+
+    def sizes(name):
+        if looks_like_path(name):
+            return sizes_for(name)
+        spec = reg.model(name)
+        return sizes_for(local_path(spec) or spec)
+
+    vram_bytes = parse_size(vram) if vram is not None else detect_vram()
+    ram_bytes = parse_size(ram) if ram is not None else total_ram()
+    p = plan(sizes(target), sizes(draft) if draft else None, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx)
+    if as_json:
+        click.echo(to_json(p.to_dict()))
+        return
+    rows = [{"model": m.name + (" (estimated)" if m.estimated else ""), "role": m.role, "layers": m.layers_on_gpu,
+             "gpu": mib(m.gpu_bytes), "cpu": mib(m.cpu_bytes), "kv": mib(m.kv_bytes)} for m in (p.target, p.draft) if m]
+    click.echo(table(rows, [("model", "model"), ("role", "role"), ("layers", "layers on GPU"), ("gpu", "GPU"),
+                            ("cpu", "CPU"), ("kv", "KV cache")]))
+    click.echo(f"\nbudget {vram_bytes / GiB:.1f} GiB VRAM ({p.gpu_bytes / GiB:.1f} used), {ram_bytes / GiB:.1f} GiB RAM "
+               f"({p.cpu_bytes / GiB:.1f} used); context {n_ctx}")
+    click.echo(f"flags: {p.flags()}")
 
 
 @cli.group()

@@ -50,6 +50,8 @@ class ModelSpec:
     sha256: str | None = None
     revision: str | None = None
     mirror: Mirror | None = None
+    size: int | None = None  # bytes of the GGUF file (for planning before it is downloaded)
+    shape: dict = field(default_factory=dict, hash=False)  # n_embd, n_head_kv, head_dim, n_vocab
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,12 @@ def _model(name: str, d: dict, where: str) -> ModelSpec:
     n_layers = d.get("n_layers")
     if n_layers is not None and (not isinstance(n_layers, int) or n_layers < 1):
         raise GGUFSpecError(f"{where}: [models.{name}] n_layers should be a positive integer, not {n_layers!r}")
+    shape = d.get("shape", {})
+    if not isinstance(shape, dict) or not all(isinstance(v, int) and v > 0 for v in shape.values()):
+        raise GGUFSpecError(f"{where}: [models.{name}] shape should be a table of positive integers, not {shape!r}")
     return ModelSpec(name, need("repo", str), _safe_filename(need("file", str), name, where), d.get("quant", ""),
-                     n_layers, d.get("n_params"), (d.get("sha256") or None) and d["sha256"].lower(), d.get("revision"), mirror)
+                     n_layers, d.get("n_params"), (d.get("sha256") or None) and d["sha256"].lower(), d.get("revision"),
+                     mirror, d.get("size") or (mirror.size if mirror else None), shape)
 
 
 def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:

@@ -101,3 +101,15 @@ def test_sampled_run_reproduces_with_seed(engine):
     a = engine.generate("def add(a, b):", max_tokens=24, temperature=0.7, seed=7, draft_max=3, mode="draft")
     b = engine.generate("def add(a, b):", max_tokens=24, temperature=0.7, seed=7, draft_max=3, mode="draft")
     assert a.tokens == b.tokens and a.stats.n_drafted > 0
+
+
+def test_offload_plan_from_the_real_pairs_metadata():
+    from ggufspec.offload import GiB, plan, sizes_for
+
+    t, d = sizes_for(real_model(TARGET)), sizes_for(real_model(DRAFT))
+    assert (t.n_layers, d.n_layers) == (28, 24) and t.n_head_kv == 2
+    assert abs(t.file_bytes - real_model(TARGET).stat().st_size) < 0.01 * real_model(TARGET).stat().st_size
+    full = plan(t, d, vram_bytes=8 * GiB, ram_bytes=24 * GiB, n_ctx=4096)
+    assert full.target.flag == "all" and full.draft.flag == "all"
+    part = plan(t, d, vram_bytes=2 * GiB, ram_bytes=24 * GiB, n_ctx=4096)
+    assert part.draft.flag == "all" and 0 < part.target.n_gpu_layers < 29

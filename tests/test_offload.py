@@ -1,0 +1,113 @@
+"""The offload planner: pure arithmetic on GGUF metadata and budgets; and -ngl reaching llama.cpp."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ggufspec import Engine, backend
+from ggufspec.cli import cli
+from ggufspec.errors import GGUFSpecError
+from ggufspec.gguf_info import read_info
+from ggufspec.offload import GiB, MiB, ModelSizes, parse_size, plan, resolve_layers, sizes_from_info, sizes_from_spec
+from ggufspec.registry import load_registry
+
+
+def synthetic(name, n_layers, layer_gib, output_gib, embed_gib, n_embd, n_head_kv, head_dim, n_vocab):
+    return ModelSizes(name, n_layers, (int(layer_gib * GiB),) * n_layers, int(output_gib * GiB), int(embed_gib * GiB),
+                      n_embd, n_head_kv, head_dim, n_vocab)
+
+
+# Shapes of the seed pair: Llama 3 70B Instruct Q3_K_S (30.9 GB) and Llama 3 8B Instruct Q3_K_L (4.3 GB).
+LLAMA3_70B = synthetic("70b", 80, 0.345, 0.80, 0.43, 8192, 8, 128, 128256)
+LLAMA3_8B = synthetic("8b", 32, 0.105, 0.40, 0.26, 4096, 8, 128, 128256)
+
+
+def test_seed_pair_at_24_gib_is_near_the_seeds_45_of_80_with_the_draft_on_the_gpu():
+    p = plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=24 * GiB, ram_bytes=64 * GiB, n_ctx=8192)
+    assert p.draft.flag == "all"
+    assert 41 <= p.target.n_gpu_layers <= 49, p.target
+    assert p.gpu_bytes <= 24 * GiB
+
+
+def test_registry_estimate_for_the_seed_pair_agrees():
+    reg = load_registry()
+    p = plan(sizes_from_spec(reg.model("llama-3-70b-instruct")), sizes_from_spec(reg.model("llama-3-8b-instruct")),
+             vram_bytes=24 * GiB, ram_bytes=64 * GiB, n_ctx=8192)
+    assert p.draft.flag == "all" and 41 <= p.target.n_gpu_layers <= 49
+    assert p.target.estimated
+
+
+def test_kv_cache_size_formula():
+    # layers x context x kv heads x head size x 2 (K and V) x 2 bytes (f16)
+    assert LLAMA3_70B.kv_bytes_per_layer(8192) * 80 == 80 * 8192 * 8 * 128 * 2 * 2
+
+
+def test_budgets_zero_tiny_and_huge():
+    zero = plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=0, ram_bytes=64 * GiB, n_ctx=8192)
+    assert zero.target.n_gpu_layers == 0 and zero.draft.n_gpu_layers == 0 and zero.gpu_bytes == 0
+    tiny = plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=300 * MiB, ram_bytes=64 * GiB, n_ctx=8192)
+    assert tiny.gpu_bytes <= 300 * MiB and tiny.target.n_gpu_layers == 0
+    huge = plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=200 * GiB, ram_bytes=64 * GiB, n_ctx=8192)
+    assert huge.target.flag == "all" and huge.draft.flag == "all"
+    # a larger context leaves room for fewer target layers
+    long = plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=24 * GiB, ram_bytes=64 * GiB, n_ctx=32768)
+    assert long.target.n_gpu_layers < plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=24 * GiB, ram_bytes=64 * GiB,
+                                           n_ctx=8192).target.n_gpu_layers
+
+
+def test_draft_goes_first():
+    p = plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=6 * GiB, ram_bytes=64 * GiB, n_ctx=4096)
+    assert p.draft.flag == "all" and p.target.n_gpu_layers <= 2
+
+
+def test_ram_refusal_says_how_much_is_missing():
+    with pytest.raises(GGUFSpecError, match=r"GiB missing"):
+        plan(LLAMA3_70B, LLAMA3_8B, vram_bytes=0, ram_bytes=16 * GiB, n_ctx=8192)
+
+
+def test_plan_from_real_gguf_metadata(tiny):
+    info = read_info(tiny["target"])
+    sizes = sizes_from_info(info)
+    assert sizes.n_layers == 2 and sum(sizes.layer_bytes) + sizes.output_bytes + sizes.embed_bytes == sum(
+        t.n_bytes for t in info.tensors)
+    assert plan(sizes, None, vram_bytes=100 * GiB, ram_bytes=GiB, n_ctx=512).target.flag == "all"
+    assert plan(sizes, None, vram_bytes=0, ram_bytes=GiB, n_ctx=512).target.n_gpu_layers == 0
+
+
+def test_parse_size():
+    assert parse_size("24GiB") == 24 * GiB == parse_size("24G") == parse_size("24 GB")
+    assert parse_size("8192MiB") == 8 * GiB and parse_size("0") == 0 and parse_size("1.5GiB") == int(1.5 * GiB)
+    with pytest.raises(GGUFSpecError, match="not a size"):
+        parse_size("lots")
+
+
+def test_plan_command_for_the_seed_pair():
+    r = CliRunner().invoke(cli, ["plan", "llama-3-70b-instruct", "--vram", "24GiB", "-c", "8192", "--ram", "64GiB"])
+    assert r.exit_code == 0, r.output
+    assert "-ngld all" in r.stdout and "/80 + output" in r.stdout
+    data = json.loads(CliRunner().invoke(cli, ["plan", "llama-3-70b-instruct", "--vram", "24GiB", "-c", "8192",
+                                               "--ram", "64GiB", "--json"]).stdout)
+    assert 41 <= data["models"][0]["n_gpu_layers"] <= 49
+    bad = CliRunner().invoke(cli, ["plan", "llama-3-70b-instruct", "--vram", "0", "--ram", "8GiB"])
+    assert bad.exit_code == 1 and "missing" in bad.stderr
+
+
+def test_layer_values_reach_the_model(tiny):
+    assert resolve_layers(tiny["target"], tiny["close"], "all", 3, n_ctx=512) == (-1, 3)
+    assert resolve_layers(tiny["target"], tiny["close"], "auto", "auto", n_ctx=512, vram_bytes=0) == (0, 0)
+    assert resolve_layers(tiny["target"], tiny["close"], "auto", "auto", n_ctx=512, vram_bytes=10 * GiB) == (3, 3)
+    with Engine(tiny["target"], tiny["close"], n_ctx=256, n_gpu_layers=2, draft_n_gpu_layers=-1) as e:
+        assert (e.target_model.n_gpu_layers, e.draft_model.n_gpu_layers) == (2, -1)
+        assert e.generate("hi", max_tokens=3).tokens  # llama.cpp loaded and ran with them
+
+
+@pytest.mark.skipif(not backend.supports_gpu_offload(), reason="this llama.cpp build has no GPU backend")
+def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
+    backend.set_verbose(True)
+    try:
+        with Engine(tiny["target"], n_ctx=256, n_gpu_layers=2):
+            pass
+    finally:
+        backend.set_verbose(False)
+    assert "offloaded 2/3 layers to GPU" in capfd.readouterr().err
