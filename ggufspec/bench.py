@@ -138,6 +138,15 @@ def prompt_tokens(engine: Engine, prompt: Prompt) -> list[int]:
     return engine.tokenize_prompt(prompt.text)
 
 
+def prompt_text(engine: Engine, prompt: Prompt) -> str:
+    """The prompt as text, as `prompt_tokens` sees it (chat template applied), for other programs."""
+    if prompt.messages is not None:
+        return engine.target_model.render_chat(list(prompt.messages))
+    if engine.target_model.chat_template:
+        return engine.target_model.render_chat([{"role": "user", "content": prompt.text}])
+    return prompt.text
+
+
 def run_one(engine: Engine, config: Config, tokens: list[int], settings: BenchSettings):
     kw = dict(settings.generation, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos)
     if config.mode == "target":

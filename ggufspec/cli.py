@@ -203,10 +203,15 @@ def _bench_display(rows: list[dict]) -> list[dict]:
     from .report import mib
 
     out = []
+    pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"
+    ratio = lambda x: "-" if x is None else f"{x:.2f}x"
     for r in rows:
         d = dict(r)
-        pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"
-        ratio = lambda x: "-" if x is None else f"{x:.2f}x"
+        if r.get("reference"):  # llama.cpp's own programs: only what they report
+            d.update(tps=f"{r['tokens_per_second']:.1f}", range="-", speedup=ratio(r["speedup"]),
+                     alpha=pct(r["acceptance_rate"]))
+            out.append(d)
+            continue
         d["tps"] = f"{r['tokens_per_second']:.1f}"
         d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}"
         d["speedup"] = ratio(r["speedup"])
@@ -261,9 +266,12 @@ def _int_list(text: str | None, flag: str, default: tuple[int, ...]) -> tuple[in
 @click.option("--csv", "as_csv", is_flag=True, help="CSV rows.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="A Markdown table.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="PNG of tok/s against --draft-max (needs matplotlib).")
+@click.option("--compare-llama-cpp", "llama_cpp_bin", type=click.Path(file_okay=False), default=None,
+              help="Folder with llama.cpp's llama-bench and llama-speculative-simple: add their rows on the same work.")
+@click.option("--limit", type=int, default=2, show_default=True, help="Prompts per suite (0: all 4).")
 @user_errors
 def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, per_prompt, save_outputs,
-          as_json, as_csv, as_markdown, plot, **options):
+          as_json, as_csv, as_markdown, plot, llama_cpp_bin, limit, **options):
     """Benchmark target-only against speculative decoding (and the draft alone) on the same prompts.
 
     With no PAIR or -m it runs the default pair of models.toml. Greedy by default, -n tokens per
@@ -289,7 +297,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     if settings_kw.get("temperature", 0) > 0:
         settings_kw.setdefault("seed", 0)  # sampled runs use fixed seeds
     prompts = (B.load_prompts_file(prompts_file) if prompts_file else
-               [p for s in suites.split(",") if s.strip() for p in B.load_suite(s.strip())])
+               [p for s in suites.split(",") if s.strip() for p in B.load_suite(s.strip())[:limit or None]])
     options["use_default"] = True
     engine, pair_defaults = open_engine(options)
     with engine:
@@ -315,6 +323,17 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         by = "prompt" if per_prompt else "suite" if by_suite else "all"
         rows = B.rows(runs, engine, settings, by=by)
         B.explain_divergences(rows, runs, engine)
+        if llama_cpp_bin and not interrupted:
+            from .reference import reference_rows
+
+            if not settings.ignore_eos or generation.get("temperature", 0) not in (0, None):
+                raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
+            target_row = next((r for r in rows if r["mode"] == "target" and r["group"] == "all"), None)
+            texts = [B.prompt_text(engine, p) for p in prompts]
+            n_ref = (len(draft_max) * bool(engine.draft_model) + 1) * len(texts)
+            with click.progressbar(length=n_ref, label="llama.cpp", file=sys.stderr) as bar:
+                rows += reference_rows(llama_cpp_bin, engine, texts, n, draft_max,
+                                       target_row["tokens_per_second"] if target_row else None, progress=bar.update)
         if save_outputs:
             B.save_outputs(runs, save_outputs)
         costs = engine.costs

@@ -1,0 +1,92 @@
+"""llama.cpp's own programs as reference rows in `ggufspec bench --compare-llama-cpp BIN_DIR`.
+
+Runs llama-bench (target-only generation speed) and llama-speculative-simple (draft-model and
+n-gram speculation) on the same models, prompts, token count and threads, and parses what they
+print. Build them from the same llama.cpp release as the installed llama-cpp-python, e.g. with
+../shared/tools/llama-cpp-reference in this workplace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from .errors import GGUFSpecError
+
+
+def _env(bin_dir: Path) -> dict:
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = f"{bin_dir}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
+    return env
+
+
+def _program(bin_dir: Path, name: str) -> Path:
+    path = bin_dir / name
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise GGUFSpecError(f"--compare-llama-cpp: {path} not found; build llama.cpp's tools and give their folder")
+    return path
+
+
+def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int) -> dict:
+    """Target-only generation speed as llama-bench measures it (tg N, 5 repetitions)."""
+    cmd = [str(_program(bin_dir, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(n_tokens), "-t", str(threads), "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(bin_dir), timeout=1800)
+    if out.returncode != 0:
+        raise GGUFSpecError(f"llama-bench failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    data = json.loads(out.stdout[out.stdout.index("["):])
+    return {"tokens_per_second": float(data[0]["avg_ts"]), "tokens_per_second_sd": float(data[0].get("stddev_ts", 0))}
+
+
+def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_text: str, n_tokens: int, threads: int,
+                       n_ctx: int, draft_max: int, spec_type: str = "draft-simple") -> dict:
+    """One greedy run of llama-speculative-simple; its own timing of the generation phase."""
+    cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
+           "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
+           "-c", str(n_ctx), "--ignore-eos"]
+    if draft is not None and spec_type.startswith("draft"):
+        cmd[3:3] = ["-md", str(draft)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(bin_dir), timeout=1800)
+    text = out.stdout + out.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    if out.returncode != 0 or not m:
+        last = [line for line in text.splitlines() if line.strip()][-1:] or ["?"]
+        raise GGUFSpecError(f"llama-speculative-simple failed: {last[0]}")
+    drafted = re.search(r"n_drafted\s*=\s*(\d+)", text)
+    accepted = re.search(r"n_accept\s*=\s*(\d+)", text)
+    return {"n_generated": int(m.group(1)), "seconds": float(m.group(2)),
+            "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accepted": int(accepted.group(1)) if accepted else 0}
+
+
+def reference_rows(bin_dir: str | Path, engine, prompt_texts: list[str], n_tokens: int, draft_max: tuple[int, ...],
+                   target_tps: float | None, progress=None) -> list[dict]:
+    """Rows shaped like bench rows, for llama.cpp's programs on the same work."""
+    bin_dir = Path(bin_dir)
+    target = engine.target_model.path
+    draft = engine.draft_model.path if engine.draft_model else None
+    threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
+    rows = []
+    tg = llama_bench(bin_dir, target, n_tokens, threads)
+    rows.append(_row("llama.cpp llama-bench (target)", "llama-bench", None, tg["tokens_per_second"], target_tps, None))
+    configs = [("draft-simple", k) for k in draft_max] if draft else []
+    configs.append(("ngram-simple", max(draft_max)))
+    for spec_type, k in configs:
+        runs = []
+        for text in prompt_texts:
+            runs.append(speculative_simple(bin_dir, target, draft, text, n_tokens, threads, n_ctx, k, spec_type))
+            if progress:
+                progress(1)
+        tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
+        drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
+        kind = "draft model" if spec_type.startswith("draft") else "n-gram"
+        rows.append(_row(f"llama.cpp speculative-simple, {kind} (draft-max {k})", f"llama.cpp-{spec_type}", k, tps,
+                         target_tps, accepted / drafted if drafted else None))
+    return rows
+
+
+def _row(label: str, mode: str, draft_max, tps: float, target_tps: float | None, alpha) -> dict:
+    return {"mode": mode, "label": label, "draft_max": draft_max, "group": "all", "tokens_per_second": tps,
+            "tokens_per_second_min": tps, "tokens_per_second_max": tps,
+            "speedup": tps / target_tps if target_tps else None, "acceptance_rate": alpha, "reference": True}
