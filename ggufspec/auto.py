@@ -46,6 +46,9 @@ class AutoDrafter:
     """Chooses, per round, no draft / lookup / draft model, and the draft length."""
 
     name = "auto"
+    # Speculate only for an expected gain of 3% or more: estimates of alpha are noisy, and a
+    # draft that merely breaks even costs more in variance than it gives.
+    margin = 1.03
 
     def __init__(self, costs: Costs, *, exact: bool, exact_batch: int, lookup: LookupDrafter,
                  model: ModelDrafter | None = None, draft_cost: float | None = None):
@@ -59,7 +62,7 @@ class AutoDrafter:
 
     def reset_estimates(self) -> None:
         # Longer matches repeat the text more reliably; a draft model of the same family agrees often.
-        self.lookup_alpha = {n: Estimate(prior, 2.0) for n, prior in ((1, 0.3), (2, 0.5), (3, 0.75), (4, 0.8))}
+        self.lookup_alpha = {n: Estimate(prior, 2.0) for n, prior in ((1, 0.3), (2, 0.5), (3, 0.75), (4, 0.8))}  # by n-gram
         self.model_alpha = Estimate(0.7, 4.0)
 
     def reset(self, prompt_tokens: list[int]) -> None:
@@ -91,7 +94,7 @@ class AutoDrafter:
 
     def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
-        best = ("target", 0, 1.0 / self._batch(1))
+        best = ("target", 0, self.margin / self._batch(1))
         match, n = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
         if match:
             a = self.lookup_alpha[min(n, 4)].value

@@ -66,7 +66,23 @@ def default_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
-class Model:
+class Closing:
+    """`with` and garbage collection both end in `close()`, which must be safe to call twice."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class Model(Closing):
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
@@ -186,17 +202,8 @@ class Model:
             C.llama_model_free(self._model)
             self._model = None
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-
-class Context:
+class Context(Closing):
     """A llama.cpp context on one model, one sequence, with a reusable batch.
 
     `n_past` is the number of positions held in the KV cache; `decode` appends, `truncate` rewinds.
@@ -303,12 +310,3 @@ class Context:
         if getattr(self, "_ctx", None):
             C.llama_free(self._ctx)
             self._ctx = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()

@@ -224,11 +224,11 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
     for r in runs:
         key = "all" if by == "all" else r.prompt.suite if by == "suite" else r.prompt.label
         groups.setdefault((r.config, key), []).append(r)
-    target_tps = {key: _tps(rs)[0] for (config, key), rs in groups.items() if config.mode == "target"}
+    target_tps = {key: tps(rs)[0] for (config, key), rs in groups.items() if config.mode == "target"}
     out = []
     costs = engine.costs
     for (config, key), rs in groups.items():
-        median, low, high = _tps(rs)
+        median, low, high = tps(rs)
         stats = [r.stats for r in rs]
         gen = sum(s.generation_seconds for s in stats)
         drafted, accepted = sum(s.n_drafted for s in stats), sum(s.n_accepted for s in stats)
@@ -280,7 +280,7 @@ def explain_divergences(rows_: list[dict], runs: list[Run], engine: Engine) -> N
                 d["gap"] = divergence_gap(engine, prompt_tokens(engine, tokens_for[d["prompt"]]), ref.tokens, d["token"])
 
 
-def _tps(rs: list[Run]) -> tuple[float, float, float]:
+def tps(rs: list[Run]) -> tuple[float, float, float]:
     """Median, min and max over repeats of (tokens / generation seconds) summed over prompts."""
     per_repeat = {}
     for r in rs:

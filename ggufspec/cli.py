@@ -328,12 +328,12 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
 
             if not settings.ignore_eos or generation.get("temperature", 0) not in (0, None):
                 raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
-            target_row = next((r for r in rows if r["mode"] == "target" and r["group"] == "all"), None)
+            target_runs = [r for r in runs if r.config.mode == "target"]  # over all prompts, whatever the grouping
             texts = [B.prompt_text(engine, p) for p in prompts]
             n_ref = (len(draft_max) * bool(engine.draft_model) + 1) * len(texts)
             with click.progressbar(length=n_ref, label="llama.cpp", file=sys.stderr) as bar:
                 rows += reference_rows(llama_cpp_bin, engine, texts, n, draft_max,
-                                       target_row["tokens_per_second"] if target_row else None, progress=bar.update)
+                                       B.tps(target_runs)[0] if target_runs else None, progress=bar.update)
         if save_outputs:
             B.save_outputs(runs, save_outputs)
         costs = engine.costs

@@ -99,7 +99,7 @@ class LookupDrafter:
 
     name = "lookup"
 
-    def __init__(self, ngram_max: int = 4, ngram_min: int = 1):
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):  # a 1-gram match predicts little
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self.reset([])

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .backend import Context, Model, set_verbose
+from .backend import Closing, Context, Model, set_verbose
 from .auto import AutoDrafter
 from .compat import check_compatible
 from .costs import costs_for
@@ -184,7 +184,7 @@ def _settings(settings: GenerationSettings | None, overrides: dict) -> Generatio
     return s.validate()
 
 
-class Engine:
+class Engine(Closing):
     """A target model, an optional draft model, their contexts, and the drafters.
 
     Load once, generate many times: each generation starts from a cleared KV cache.
@@ -353,9 +353,3 @@ class Engine:
             if obj is not None:
                 obj.close()
                 setattr(self, name, None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -180,3 +180,46 @@ def load_registry(explicit: str | os.PathLike | None = None, *, builtin: Path = 
     if default is not None and default not in pairs:
         raise GGUFSpecError(f"{where}: default_pair = {default!r} is not a pair in the registry")
     return Registry(models, pairs, default, tuple(sources))
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(data: dict) -> str:
+    """A registry dict back to TOML (top-level scalars, then [section."name"] tables, one level deep)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, tables in data.items():
+        if not isinstance(tables, dict):
+            continue
+        for name, table in tables.items():
+            lines += ["", f'[{section}."{name}"]']
+            lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict) or k == "shape"]
+            for k, v in table.items():
+                if isinstance(v, dict) and k != "shape":
+                    lines += ["", f'[{section}."{name}".{k}]'] + [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
+    return "\n".join(lines).lstrip() + "\n"
+
+
+def save_pair_defaults(path: Path, pair: str, values: dict) -> Path:
+    """Merge `values` into [pairs.<pair>] of the user's registry file (created if needed), atomically."""
+    path = Path(path)
+    data = _load_toml(path) if path.exists() else {}
+    data.setdefault("pairs", {}).setdefault(pair, {}).update(values)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dump_toml(data))
+    os.replace(tmp, path)
+    return path
+
+
+def user_config_registry() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "ggufspec" / "models.toml"

@@ -16,7 +16,7 @@ def bench(*args):
 
 
 def test_json_has_a_row_per_mode_and_greedy_rows_identical(tiny):
-    r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code,chat", "-n", "16", "--json")
+    r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code,chat", "--limit", "0", "-n", "16", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     modes = [row["mode"] for row in data["rows"]]
@@ -34,7 +34,7 @@ def test_json_has_a_row_per_mode_and_greedy_rows_identical(tiny):
 
 
 def test_sweep_table_csv_markdown_and_saved_outputs(tiny, tmp_path):
-    args = ["-m", tiny["target"], "-md", tiny["close"], "--suite", "edit", "-n", "8", "--modes", "target,speculative",
+    args = ["-m", tiny["target"], "-md", tiny["close"], "--suite", "edit", "--limit", "0", "-n", "8", "--modes", "target,speculative",
             "--draft-max", "1,3"]
     table = bench(*args)
     assert table.exit_code == 0, table.output

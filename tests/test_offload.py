@@ -111,3 +111,27 @@ def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
     finally:
         backend.set_verbose(False)
     assert "offloaded 2/3 layers to GPU" in capfd.readouterr().err
+
+
+def test_tune_script_runs_and_writes_the_pair_defaults(tiny, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ggufspec.registry import load_registry
+
+    models = Path(tmp_path / "models")
+    models.mkdir(exist_ok=True)
+    (models / "t.gguf").write_bytes(Path(tiny["target"]).read_bytes())
+    (models / "d.gguf").write_bytes(Path(tiny["close"]).read_bytes())
+    reg = tmp_path / "mine.toml"
+    reg.write_text('[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[models.d]\nrepo = "x/d"\nfile = "d.gguf"\n'
+                   '[pairs.td]\ntarget = "t"\ndraft = "d"\n')
+    script = Path(__file__).parent.parent / "scripts" / "tune_offload.py"
+    out = subprocess.run([sys.executable, str(script), "td", "--registry", str(reg), "-n", "8", "--draft-max", "1,2",
+                          "--write"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "best: -ngl 0 -ngld 0" in out.stdout and "saved as the defaults of pair td" in out.stdout
+    pair = load_registry(reg).pair("td")
+    assert pair.n_gpu_layers == 0 and pair.settings["mode"] in ("target", "auto", "draft")
+    assert pair.target == "t"  # the rest of the file survived
