@@ -293,11 +293,12 @@ class Engine(Closing):
         hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
         gen_start = time.perf_counter()
         while finish is None:
-            if len(history) >= self.n_ctx:
+            if len(history) > self.n_ctx:  # the last token sits at position len - 1, which must exist
                 raise ContextFullError(
                     f"the context filled up after {n_out} generated tokens (prompt {len(prompt_tokens)}, "
                     f"n_ctx={self.n_ctx}); raise -c or lower -n", history[len(prompt_tokens):])
-            k = min(s.draft_max, s.max_tokens - n_out) if drafter is not None else 0
+            # A round always ends with one token of the target's own: draft at most one fewer than remain.
+            k = min(s.draft_max, s.max_tokens - n_out - 1) if drafter is not None else 0
             r = speculative_step(self.target_ctx, drafter, history, k, params, rng, tie_margin=s.tie_margin,
                                  draft_min=s.draft_min, exact_batch=self.exact_batch, exact=exact)
             stats.add(r)
