@@ -38,7 +38,9 @@ def test_drafts_are_really_accepted_and_rejected(pairs):
     far = pairs["far"].generate("hello world", max_tokens=60, draft_max=4, ignore_eos=True, exact=False, mode="draft").stats
     assert close.n_drafted > 0 and far.n_drafted > 0
     assert 0 < far.acceptance_rate < close.acceptance_rate < 1
-    assert sum(close.accepted_histogram) == close.rounds  # every round drafted
+    undrafted = close.rounds_by_source.get("target", 0)
+    assert undrafted <= 1  # only a last round with a single token left goes without a draft
+    assert sum(close.accepted_histogram) == close.rounds - undrafted
     assert close.tokens_per_round > 1
 
 
