@@ -118,13 +118,16 @@ class AutoDrafter:
         return Draft([], None, time.perf_counter() - start, 0, "target")
 
     def observe(self, r) -> None:
-        """Learn from a finished round: acceptance by source, and what the target pass cost."""
+        """Learn from a finished round: acceptance by source, and what the passes cost."""
         source, n = self._last
         if r.n_drafted:
             if source == "lookup":
                 self.lookup_alpha[min(n, 4)].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
+                if r.draft_decoded:  # a calibration taken on a busy machine must not bias us for good
+                    per_token = r.draft_seconds / r.draft_decoded
+                    self.draft_cost = 0.9 * self.draft_cost + 0.1 * per_token
         rows = r.n_drafted + 1
         one_call = not self.exact or rows <= self.exact_batch
         if one_call and not r.ties_settled and rows <= len(self.table):

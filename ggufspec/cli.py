@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import json
 import sys
 
@@ -208,8 +209,9 @@ def _bench_display(rows: list[dict]) -> list[dict]:
     for r in rows:
         d = dict(r)
         if r.get("reference"):  # llama.cpp's own programs: only what they report
-            d.update(tps=f"{r['tokens_per_second']:.1f}", range="-", speedup=ratio(r["speedup"]),
-                     alpha=pct(r["acceptance_rate"]))
+            spread = r["tokens_per_second_max"] - r["tokens_per_second_min"]
+            d.update(tps=f"{r['tokens_per_second']:.1f}", speedup=ratio(r["speedup"]), alpha=pct(r["acceptance_rate"]),
+                     range=f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}" if spread else "-")
             out.append(d)
             continue
         d["tps"] = f"{r['tokens_per_second']:.1f}"
@@ -312,6 +314,11 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         from .engine import GenerationSettings
         GenerationSettings(max_tokens=n, draft_max=max(draft_max), **generation).validate()
         runs: list = []
+        before = None
+        if llama_cpp_bin:
+            from .reference import llama_bench
+
+            before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, n, engine.target_ctx.n_threads)
         total = B.total_runs(settings, len(prompts), engine.draft_model is not None)
         interrupted = False
         try:
@@ -333,7 +340,8 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
             n_ref = (len(draft_max) * bool(engine.draft_model) + 1) * len(texts)
             with click.progressbar(length=n_ref, label="llama.cpp", file=sys.stderr) as bar:
                 rows += reference_rows(llama_cpp_bin, engine, texts, n, draft_max,
-                                       B.tps(target_runs)[0] if target_runs else None, progress=bar.update)
+                                       B.tps(target_runs)[0] if target_runs else None, progress=bar.update,
+                                       llama_bench_before=before)
         if save_outputs:
             B.save_outputs(runs, save_outputs)
         costs = engine.costs

@@ -61,15 +61,23 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
 
 
 def reference_rows(bin_dir: str | Path, engine, prompt_texts: list[str], n_tokens: int, draft_max: tuple[int, ...],
-                   target_tps: float | None, progress=None) -> list[dict]:
-    """Rows shaped like bench rows, for llama.cpp's programs on the same work."""
+                   target_tps: float | None, progress=None, llama_bench_before: dict | None = None) -> list[dict]:
+    """Rows shaped like bench rows, for llama.cpp's programs on the same work.
+
+    llama_bench_before: a llama-bench result taken before ggufspec's own runs; with the one
+    taken now it brackets them, so the row shows how much the machine drifted meanwhile.
+    """
     bin_dir = Path(bin_dir)
     target = engine.target_model.path
     draft = engine.draft_model.path if engine.draft_model else None
     threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
     rows = []
-    tg = llama_bench(bin_dir, target, n_tokens, threads)
-    rows.append(_row("llama.cpp llama-bench (target)", "llama-bench", None, tg["tokens_per_second"], target_tps, None))
+    tg = [llama_bench(bin_dir, target, n_tokens, threads)["tokens_per_second"]]
+    if llama_bench_before:
+        tg.insert(0, llama_bench_before["tokens_per_second"])
+    row = _row("llama.cpp llama-bench (target)", "llama-bench", None, sum(tg) / len(tg), target_tps, None)
+    row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg))
+    rows.append(row)
     configs = [("draft-simple", k) for k in draft_max] if draft else []
     configs.append(("ngram-simple", max(draft_max)))
     for spec_type, k in configs:
