@@ -216,6 +216,7 @@ class Engine(Closing):
         self.exact_batch = self.costs.exact_batch if self.costs else 1
         self.model_drafter = ModelDrafter(self.draft_model, self.draft_ctx) if self.draft_model else None
         self.lookup_drafter = LookupDrafter()
+        self._auto: dict[bool, AutoDrafter] = {}
 
     def draft_alone(self) -> "Engine":
         """The draft model as a target of its own (for draft-only baselines); shares this engine's handles."""
@@ -225,7 +226,7 @@ class Engine(Closing):
         view.target_model, view.target_ctx = self.draft_model, self.draft_ctx
         view.draft_model = view.draft_ctx = view.model_drafter = None
         view.lookup_drafter = LookupDrafter()
-        view.costs, view.exact_batch, view._owner = None, 1, False
+        view.costs, view.exact_batch, view._owner, view._auto = None, 1, False, {}
         return view
 
     @property
@@ -253,8 +254,11 @@ class Engine(Closing):
         if mode == "auto":
             if self.costs is None:
                 raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
-            return AutoDrafter(self.costs, exact=exact, exact_batch=self.exact_batch, lookup=self.lookup_drafter,
-                               model=self.model_drafter)
+            # One per engine and verification kind: what it learns about alpha and costs carries over.
+            if exact not in self._auto:
+                self._auto[exact] = AutoDrafter(self.costs, exact=exact, exact_batch=self.exact_batch,
+                                                lookup=self.lookup_drafter, model=self.model_drafter)
+            return self._auto[exact]
         if mode == "draft":
             if self.model_drafter is None:
                 raise GGUFSpecError("mode 'draft' needs a draft model (-md DRAFT)")
