@@ -7,13 +7,14 @@ target-only, greedy, on the same prompts), prints the table and the best setting
 --write saves it as the pair's defaults in the user's models.toml.
 
     python scripts/tune_offload.py [PAIR] [-m T -md D] [--vram 24GiB] [-c 4096]
-                                   [--draft-max 1,2,3,4] [--suite code] [--limit 1] [-n 32] [--write]
+                                   [--draft-max 1,2,3,4] [--suite code] [--limit 1] [-n 64] [--repeats 2] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ggufspec import bench as B
 from ggufspec.backend import supports_gpu_offload
@@ -40,14 +41,16 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-max", default="1,2,3,4")
     ap.add_argument("--suite", default="code")
     ap.add_argument("--limit", type=int, default=1)
-    ap.add_argument("-n", dest="n", type=int, default=32)
+    ap.add_argument("-n", dest="n", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved repeats per setting (median reported)")
     ap.add_argument("--step", type=int, default=4, help="-ngl values tried: plan - step, plan, plan + step")
     ap.add_argument("--registry", default=None)
     ap.add_argument("--write", action="store_true", help="save the best setting in the user's models.toml")
     a = ap.parse_args(argv)
     try:
         draft_max = tuple(int(x) for x in a.draft_max.split(","))
-        target, draft, defaults = resolve_models(a.pair, a.target, a.draft, registry=a.registry, use_default=True)
+        existing = a.registry if a.registry and Path(a.registry).exists() else None  # --write may create it
+        target, draft, defaults = resolve_models(a.pair, a.target, a.draft, registry=existing, use_default=True)
         vram = parse_size(a.vram) if a.vram else detect_vram()
         t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None
         p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=a.n_ctx)
@@ -63,15 +66,22 @@ def main(argv=None) -> int:
         for ngl in ngls:
             for ngld in nglds:
                 with Engine(target, draft, n_ctx=a.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld) as engine:
-                    settings = B.BenchSettings(("target", "speculative", "auto"), draft_max, a.n, 1, 1, True, {})
+                    settings = B.BenchSettings(("target", "speculative", "auto"), draft_max, a.n, a.repeats, 1, True, {})
                     runs = B.run(engine, prompts, settings, [])
                     for row in B.rows(runs, engine, settings):
                         results.append({"ngl": ngl, "ngld": ngld, "mode": row["mode"], "draft_max": row["draft_max"],
-                                        "tok/s": round(row["tokens_per_second"], 2), "speed-up": round(row["speedup"], 3),
+                                        "tok/s": round(row["tokens_per_second"], 2),
+                                        "min-max": f"{row['tokens_per_second_min']:.1f}-{row['tokens_per_second_max']:.1f}",
+                                        "_low": row["tokens_per_second_min"], "_high": row["tokens_per_second_max"],
+                                        "speed-up": round(row["speedup"], 3),
                                         "alpha": None if row["acceptance_rate"] is None else round(row["acceptance_rate"], 3),
                                         "identical": row["identical_to_target"]})
-        print(table(results))
+        print(table([{k: v for k, v in r.items() if not k.startswith("_")} for r in results]))
         best = max(results, key=lambda r: r["tok/s"])
+        plain = [r for r in results if r["mode"] == "target" and (r["ngl"], r["ngld"]) == (best["ngl"], best["ngld"])]
+        if plain and best["mode"] != "target" and best["_low"] <= plain[0]["_high"]:
+            print("note: the best setting's range overlaps plain decoding's: on this machine the difference is "
+                  "within run-to-run noise (more --repeats or -n narrow it)")
         mode = "target" if best["mode"] == "target" else "auto" if best["mode"] == "auto" else "draft"
         print(f"\nbest: -ngl {best['ngl']} -ngld {best['ngld']} --mode {mode}"
               + (f" --draft-max {best['draft_max']}" if best["draft_max"] else "") + f"  ({best['tok/s']} tok/s, {best['speed-up']}x)")

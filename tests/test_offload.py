@@ -128,10 +128,17 @@ def test_tune_script_runs_and_writes_the_pair_defaults(tiny, tmp_path):
     reg.write_text('[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[models.d]\nrepo = "x/d"\nfile = "d.gguf"\n'
                    '[pairs.td]\ntarget = "t"\ndraft = "d"\n')
     script = Path(__file__).parent.parent / "scripts" / "tune_offload.py"
-    out = subprocess.run([sys.executable, str(script), "td", "--registry", str(reg), "-n", "8", "--draft-max", "1,2",
+    out = subprocess.run([sys.executable, str(script), "td", "--registry", str(reg), "-n", "8", "--repeats", "1", "--draft-max", "1,2",
                           "--write"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "best: -ngl 0 -ngld 0" in out.stdout and "saved as the defaults of pair td" in out.stdout
     pair = load_registry(reg).pair("td")
     assert pair.n_gpu_layers == 0 and pair.settings["mode"] in ("target", "auto", "draft")
     assert pair.target == "t"  # the rest of the file survived
+    # --write may also create the user's file: the pair then comes from the registry given by env
+    new = tmp_path / "new" / "models.toml"
+    env = dict(__import__("os").environ, GGUFSPEC_REGISTRY=str(reg))
+    out = subprocess.run([sys.executable, str(script), "td", "--registry", str(new), "-n", "4", "--draft-max", "1",
+                          "--write"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert new.exists() and "saved as the defaults of pair td" in out.stdout
