@@ -7,7 +7,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny import write_tiny_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 # The real models live where scripts/fetch_offline_models.py put them, read before any test
 # points GGUFSPEC_MODELS_DIR at a temporary directory.
 REAL_MODELS_DIR = Path(os.environ.get("GGUFSPEC_MODELS_DIR") or

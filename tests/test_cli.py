@@ -1,7 +1,6 @@
 """The CLI through CliRunner: output formats, and one clear line for every bad input."""
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner

@@ -9,7 +9,6 @@ target's own top-1/top-2 logit gap is within the measured drift, and the test sa
 
 import json
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 

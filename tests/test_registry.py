@@ -79,8 +79,8 @@ def test_user_registry_adds_and_overrides(tmp_path, monkeypatch):
 
 def test_pair_resolution_uses_local_files_and_pair_defaults(tiny, tmp_path):
     reg = tmp_path / "models.toml"
-    reg.write_text(f'[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[models.d]\nrepo = "x/d"\nfile = "d.gguf"\n'
-                   f'[pairs.td]\ntarget = "t"\ndraft = "d"\ndraft_max = 3\ntemperature = 0.2\n')
+    reg.write_text('[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[models.d]\nrepo = "x/d"\nfile = "d.gguf"\n'
+                   '[pairs.td]\ntarget = "t"\ndraft = "d"\ndraft_max = 3\ntemperature = 0.2\n')
     models = Path(tmp_path / "models")
     models.mkdir()
     (models / "t.gguf").write_bytes(Path(tiny["target"]).read_bytes())
