@@ -34,8 +34,10 @@ class Layers(click.ParamType):
     name = "N|all|auto"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int) or value in ("all", "auto"):
+        if isinstance(value, (int, list)) or value in ("all", "auto"):
             return value
+        if "," in str(value):  # a sweep: `ggufspec bench -ngl 0,16,all`
+            return [self.convert(v.strip(), param, ctx) for v in str(value).split(",") if v.strip()]
         try:
             n = int(value)
         except ValueError:
@@ -125,6 +127,8 @@ def _layers(o: dict, target, draft, pair_defaults: dict) -> tuple[int, int]:
 
     def pick(key):
         value = o.get(key)
+        if isinstance(value, list):
+            raise GGUFSpecError("a comma list of layer counts is a sweep: use it with `ggufspec bench`")
         return value if value is not None else pair_defaults.get(key, "auto")
 
     return resolve_layers(target, draft, pick("n_gpu_layers"), pick("draft_n_gpu_layers"), n_ctx=o["n_ctx"])
@@ -249,6 +253,68 @@ def _int_list(text: str | None, flag: str, default: tuple[int, ...]) -> tuple[in
     return values
 
 
+def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats, warmup, natural_stop, by_suite,
+                  per_prompt, save_outputs, llama_cpp_bin, settings_kw):
+    """Load the models with these options and run the benchmark; rows and metadata for one -ngl value."""
+    from . import bench as B
+
+    engine, pair_defaults = open_engine(options)
+    with engine:
+        generation = dict(pair_defaults.get("settings", {}))
+        generation.pop("mode", None)
+        pair_draft_max = generation.pop("draft_max", None)
+        if pair_draft_max and draft_max_text is None:
+            draft_max = (int(pair_draft_max),)  # the pair's recommended draft length
+        generation.update(settings_kw)
+        settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()), draft_max, n, repeats,
+                                   warmup, not natural_stop, generation)
+        from .engine import GenerationSettings
+        GenerationSettings(max_tokens=n, draft_max=max(draft_max), **generation).validate()
+        runs: list = []
+        before = None
+        if llama_cpp_bin:
+            from .reference import llama_bench
+
+            before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, n, engine.target_ctx.n_threads)
+        total = B.total_runs(settings, len(prompts), engine.draft_model is not None)
+        interrupted = False
+        try:
+            with click.progressbar(length=total, label="bench", file=sys.stderr) as bar:
+                B.run(engine, prompts, settings, runs, progress=bar.update)
+        except KeyboardInterrupt:
+            interrupted = True
+            click.echo(f"\ninterrupted: showing the {len(runs)} finished runs", err=True)
+        by = "prompt" if per_prompt else "suite" if by_suite else "all"
+        rows = B.rows(runs, engine, settings, by=by)
+        B.explain_divergences(rows, runs, engine)
+        if llama_cpp_bin and not interrupted:
+            from .reference import reference_rows
+
+            if not settings.ignore_eos or generation.get("temperature", 0) not in (0, None):
+                raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
+            target_runs = [r for r in runs if r.config.mode == "target"]  # over all prompts, whatever the grouping
+            texts = [B.prompt_text(engine, p) for p in prompts]
+            n_ref = (len(draft_max) * bool(engine.draft_model) + 1) * len(texts)
+            with click.progressbar(length=n_ref, label="llama.cpp", file=sys.stderr) as bar:
+                rows += reference_rows(llama_cpp_bin, engine, texts, n, draft_max,
+                                       B.tps(target_runs)[0] if target_runs else None, progress=bar.update,
+                                       llama_bench_before=before)
+        if save_outputs:
+            B.save_outputs(runs, save_outputs)
+        costs = engine.costs
+        meta = {"costs_obj": costs,
+            "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
+            "draft": str(engine.draft_model.path) if engine.draft_model else None,
+            "n_prompts": len(prompts), "max_tokens": n, "repeats": repeats, "warmup": warmup,
+            "greedy": generation.get("temperature", 0) in (0, None), "settings": generation,
+            "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch,
+            "costs": None if costs is None else {"target_batch_seconds": costs.target_batch_seconds,
+                                                 "draft_token_seconds": costs.draft_token_seconds},
+            "interrupted": interrupted,
+        }
+        return rows, meta, interrupted, engine.exact_batch
+
+
 @cli.command()
 @model_options
 @sampling_options
@@ -301,60 +367,26 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     prompts = (B.load_prompts_file(prompts_file) if prompts_file else
                [p for s in suites.split(",") if s.strip() for p in B.load_suite(s.strip())[:limit or None]])
     options["use_default"] = True
-    engine, pair_defaults = open_engine(options)
-    with engine:
-        generation = dict(pair_defaults.get("settings", {}))
-        generation.pop("mode", None)
-        pair_draft_max = generation.pop("draft_max", None)
-        if pair_draft_max and draft_max_text is None:
-            draft_max = (int(pair_draft_max),)  # the pair's recommended draft length
-        generation.update(settings_kw)
-        settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()), draft_max, n, repeats,
-                                   warmup, not natural_stop, generation)
-        from .engine import GenerationSettings
-        GenerationSettings(max_tokens=n, draft_max=max(draft_max), **generation).validate()
-        runs: list = []
-        before = None
-        if llama_cpp_bin:
-            from .reference import llama_bench
-
-            before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, n, engine.target_ctx.n_threads)
-        total = B.total_runs(settings, len(prompts), engine.draft_model is not None)
-        interrupted = False
-        try:
-            with click.progressbar(length=total, label="bench", file=sys.stderr) as bar:
-                B.run(engine, prompts, settings, runs, progress=bar.update)
-        except KeyboardInterrupt:
-            interrupted = True
-            click.echo(f"\ninterrupted: showing the {len(runs)} finished runs", err=True)
-        by = "prompt" if per_prompt else "suite" if by_suite else "all"
-        rows = B.rows(runs, engine, settings, by=by)
-        B.explain_divergences(rows, runs, engine)
-        if llama_cpp_bin and not interrupted:
-            from .reference import reference_rows
-
-            if not settings.ignore_eos or generation.get("temperature", 0) not in (0, None):
-                raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
-            target_runs = [r for r in runs if r.config.mode == "target"]  # over all prompts, whatever the grouping
-            texts = [B.prompt_text(engine, p) for p in prompts]
-            n_ref = (len(draft_max) * bool(engine.draft_model) + 1) * len(texts)
-            with click.progressbar(length=n_ref, label="llama.cpp", file=sys.stderr) as bar:
-                rows += reference_rows(llama_cpp_bin, engine, texts, n, draft_max,
-                                       B.tps(target_runs)[0] if target_runs else None, progress=bar.update,
-                                       llama_bench_before=before)
-        if save_outputs:
-            B.save_outputs(runs, save_outputs)
-        costs = engine.costs
-        meta = {
-            "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
-            "draft": str(engine.draft_model.path) if engine.draft_model else None,
-            "n_prompts": len(prompts), "max_tokens": n, "repeats": repeats, "warmup": warmup,
-            "greedy": generation.get("temperature", 0) in (0, None), "settings": generation,
-            "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch,
-            "costs": None if costs is None else {"target_batch_seconds": costs.target_batch_seconds,
-                                                 "draft_token_seconds": costs.draft_token_seconds},
-            "interrupted": interrupted,
-        }
+    ngl_values = options["n_gpu_layers"] if isinstance(options.get("n_gpu_layers"), list) else [options.get("n_gpu_layers")]
+    all_rows: list = []
+    for ngl in ngl_values:
+        options["n_gpu_layers"] = ngl
+        rows, meta, interrupted, _ = _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats,
+                                                              warmup, natural_stop, by_suite, per_prompt, save_outputs,
+                                                              llama_cpp_bin, settings_kw)
+        if len(ngl_values) > 1:
+            for r in rows:
+                r["n_gpu_layers"] = ngl
+                r["label"] = f"{r['label']} (ngl {ngl})"
+        all_rows += rows
+        if interrupted:
+            break
+    rows = all_rows
+    by = "prompt" if per_prompt else "suite" if by_suite else "all"
+    costs = meta["costs_obj"]
+    meta.pop("costs_obj")
+    if len(ngl_values) > 1:
+        meta["n_gpu_layers"] = ngl_values
     if as_json:
         click.echo(to_json({**meta, "rows": rows}))
     elif as_csv:
@@ -370,7 +402,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
                 line += f"; a batch of 4 costs {costs.target_batch_seconds[3] / t1:.2f} steps"
             if costs.draft_token_seconds:
                 line += f"; draft step {1000 * costs.draft_token_seconds:.1f} ms ({costs.draft_token_seconds / t1:.2f} of a target step)"
-            line += f"; batches up to {engine.exact_batch} are bit-identical to one-token decoding"
+            line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding"
             click.echo(line)
     if plot:
         _plot(rows, plot)

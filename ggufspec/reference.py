@@ -33,7 +33,7 @@ def _program(bin_dir: Path, name: str) -> Path:
 def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int) -> dict:
     """Target-only generation speed as llama-bench measures it (tg N, 5 repetitions)."""
     cmd = [str(_program(bin_dir, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(n_tokens), "-t", str(threads), "-o", "json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(bin_dir), timeout=1800)
+    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)
     if out.returncode != 0:
         raise GGUFSpecError(f"llama-bench failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
     data = json.loads(out.stdout[out.stdout.index("["):])
@@ -48,7 +48,7 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
            "-c", str(n_ctx), "--ignore-eos"]
     if draft is not None and spec_type.startswith("draft"):
         cmd[3:3] = ["-md", str(draft)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(bin_dir), timeout=1800)
+    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)
     text = out.stdout + out.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
     if out.returncode != 0 or not m:

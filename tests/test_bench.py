@@ -87,3 +87,46 @@ def test_leviathan_formula():
     assert predicted_speedup(0.0, 4, 0.0) == 1.0
     assert predicted_speedup(1.0, 3, 0.0) == 4.0
     assert predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.2)
+
+
+def test_ngl_sweep_makes_rows_per_value(tiny):
+    r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code", "--limit", "1", "-n", "4",
+              "--modes", "target,speculative", "-ngl", "0,all", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [(row["label"], row["n_gpu_layers"]) for row in data["rows"]] == [
+        ("target (ngl 0)", 0), ("speculative (draft-max 4) (ngl 0)", 0),
+        ("target (ngl all)", "all"), ("speculative (draft-max 4) (ngl all)", "all")]
+    assert data["n_gpu_layers"] == [0, "all"]
+    gen = CliRunner().invoke(cli, ["generate", "-m", str(tiny["target"]), "-p", "hi", "-ngl", "0,4"])
+    assert gen.exit_code == 1 and "sweep" in gen.stderr and len(gen.stderr.strip().splitlines()) == 1
+
+
+def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
+    """Stand-ins print what llama-bench and llama-speculative-simple print (building them takes minutes),
+    including generated text that is not valid UTF-8."""
+    import os
+    import stat
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "llama-bench": '#!/bin/sh\necho \'[{"avg_ts": 20.5, "stddev_ts": 0.3}]\'\n',
+        "llama-speculative-simple": ("#!/bin/sh\nprintf 'text \\257\\377 more\\n'\n"
+                                     "echo 'decoded   16 tokens in    2.000 seconds, speed:    8.000 t/s' >&2\n"
+                                     "echo 'n_drafted = 10' >&2\necho 'n_accept  = 7' >&2\n"),
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(body)
+        os.chmod(bin_dir / name, os.stat(bin_dir / name).st_mode | stat.S_IEXEC)
+    r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code", "--limit", "1", "-n", "4",
+              "--modes", "target", "--draft-max", "2", "--compare-llama-cpp", bin_dir, "--json")
+    assert r.exit_code == 0, r.output
+    ref = [row for row in json.loads(r.stdout)["rows"] if row.get("reference")]
+    assert [row["label"] for row in ref] == ["llama.cpp llama-bench (target)",
+                                              "llama.cpp speculative-simple, draft model (draft-max 2)",
+                                              "llama.cpp speculative-simple, n-gram (draft-max 2)"]
+    assert ref[0]["tokens_per_second"] == 20.5  # before and after ggufspec's runs, averaged
+    assert ref[1]["tokens_per_second"] == 8.0 and ref[1]["acceptance_rate"] == 0.7
+    missing = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--compare-llama-cpp", tmp_path)
+    assert missing.exit_code == 1 and "llama-bench not found" in missing.stderr
