@@ -12,6 +12,7 @@ Acceptance estimates and costs are updated from every round, so the choice follo
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -52,18 +53,14 @@ class AutoDrafter:
 
     def __init__(self, costs: Costs, *, exact: bool, exact_batch: int, lookup: LookupDrafter,
                  model: ModelDrafter | None = None, draft_cost: float | None = None):
-        self.table = list(costs.target_batch_seconds)
+        self.costs = replace(costs, target_batch_seconds=list(costs.target_batch_seconds))  # updated online
         self.exact, self.exact_batch = exact, max(1, exact_batch)
         self.lookup, self.model = lookup, model
         self.draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
-        self.reset_estimates()
-        self.choices = {"target": 0, "lookup": 0, "draft": 0}
-        self._last: tuple[str, int] = ("target", 0)
-
-    def reset_estimates(self) -> None:
         # Longer matches repeat the text more reliably; a draft model of the same family agrees often.
         self.lookup_alpha = {n: Estimate(prior, 2.0) for n, prior in ((1, 0.3), (2, 0.5), (3, 0.75), (4, 0.8))}  # by n-gram
         self.model_alpha = Estimate(0.7, 4.0)
+        self._last: tuple[str, int] = ("target", 0)
 
     def reset(self, prompt_tokens: list[int]) -> None:
         self.lookup.reset(prompt_tokens)
@@ -72,20 +69,9 @@ class AutoDrafter:
 
     # -- costs --------------------------------------------------------------------------------
 
-    def _batch(self, n: int) -> float:
-        t = self.table
-        return t[n - 1] if n <= len(t) else t[-1] / len(t) * n
-
     def verify_cost(self, n_rows: int, a: float) -> float:
         """Expected seconds to verify n_rows; exact mode decodes chunks and stops at a rejection."""
-        if not self.exact or n_rows <= self.exact_batch:
-            return self._batch(n_rows)
-        cost, start = 0.0, 0
-        while start < n_rows:
-            m = min(self.exact_batch, n_rows - start)
-            cost += a ** start * self._batch(m)  # this chunk runs only if every draft before it was accepted
-            start += m
-        return cost
+        return self.costs.verify_seconds(n_rows, self.exact_batch if self.exact else None, a)
 
     def rate(self, a: float, k: int, draft_step: float) -> float:
         return expected_tokens(a, k) / (k * draft_step + self.verify_cost(k + 1, a))
@@ -94,7 +80,7 @@ class AutoDrafter:
 
     def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
-        best = ("target", 0, self.margin / self._batch(1))
+        best = ("target", 0, self.margin / self.costs.batch_seconds(1))
         match, n = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
         if match:
             a = self.lookup_alpha[min(n, 4)].value
@@ -109,7 +95,6 @@ class AutoDrafter:
                 if r > best[2]:
                     best = ("draft", k, r)
         source, k, _ = best
-        self.choices[source] += 1
         self._last = (source, n)
         if source == "lookup":
             return Draft(match[:k], None, time.perf_counter() - start, 0, "lookup", {"ngram": n})
@@ -130,5 +115,6 @@ class AutoDrafter:
                     self.draft_cost = 0.9 * self.draft_cost + 0.1 * per_token
         rows = r.n_drafted + 1
         one_call = not self.exact or rows <= self.exact_batch
-        if one_call and not r.ties_settled and rows <= len(self.table):
-            self.table[rows - 1] = 0.9 * self.table[rows - 1] + 0.1 * r.target_seconds
+        table = self.costs.target_batch_seconds
+        if one_call and not r.ties_settled and rows <= len(table):
+            table[rows - 1] = 0.9 * table[rows - 1] + 0.1 * r.target_seconds

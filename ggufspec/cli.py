@@ -253,9 +253,9 @@ def _int_list(text: str | None, flag: str, default: tuple[int, ...]) -> tuple[in
     return values
 
 
-def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats, warmup, natural_stop, by_suite,
-                  per_prompt, save_outputs, llama_cpp_bin, settings_kw):
-    """Load the models with these options and run the benchmark; rows and metadata for one -ngl value."""
+def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats, warmup, natural_stop, by,
+                  save_outputs, llama_cpp_bin, settings_kw):
+    """Load the models with these options and run the benchmark: rows, metadata, costs, interrupted (one -ngl value)."""
     from . import bench as B
 
     engine, pair_defaults = open_engine(options)
@@ -284,7 +284,6 @@ def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats
         except KeyboardInterrupt:
             interrupted = True
             click.echo(f"\ninterrupted: showing the {len(runs)} finished runs", err=True)
-        by = "prompt" if per_prompt else "suite" if by_suite else "all"
         rows = B.rows(runs, engine, settings, by=by)
         B.explain_divergences(rows, runs, engine)
         if llama_cpp_bin and not interrupted:
@@ -302,7 +301,7 @@ def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats
         if save_outputs:
             B.save_outputs(runs, save_outputs)
         costs = engine.costs
-        meta = {"costs_obj": costs,
+        meta = {
             "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
             "draft": str(engine.draft_model.path) if engine.draft_model else None,
             "n_prompts": len(prompts), "max_tokens": n, "repeats": repeats, "warmup": warmup,
@@ -312,7 +311,7 @@ def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats
                                                  "draft_token_seconds": costs.draft_token_seconds},
             "interrupted": interrupted,
         }
-        return rows, meta, interrupted, engine.exact_batch
+        return rows, meta, costs, interrupted
 
 
 @cli.command()
@@ -368,12 +367,12 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
                [p for s in suites.split(",") if s.strip() for p in B.load_suite(s.strip())[:limit or None]])
     options["use_default"] = True
     ngl_values = options["n_gpu_layers"] if isinstance(options.get("n_gpu_layers"), list) else [options.get("n_gpu_layers")]
+    by = "prompt" if per_prompt else "suite" if by_suite else "all"
     all_rows: list = []
     for ngl in ngl_values:
         options["n_gpu_layers"] = ngl
-        rows, meta, interrupted, _ = _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats,
-                                                              warmup, natural_stop, by_suite, per_prompt, save_outputs,
-                                                              llama_cpp_bin, settings_kw)
+        rows, meta, costs, interrupted = _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats,
+                                                       warmup, natural_stop, by, save_outputs, llama_cpp_bin, settings_kw)
         if len(ngl_values) > 1:
             for r in rows:
                 r["n_gpu_layers"] = ngl
@@ -382,9 +381,6 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         if interrupted:
             break
     rows = all_rows
-    by = "prompt" if per_prompt else "suite" if by_suite else "all"
-    costs = meta["costs_obj"]
-    meta.pop("costs_obj")
     if len(ngl_values) > 1:
         meta["n_gpu_layers"] = ngl_values
     if as_json:

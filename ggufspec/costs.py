@@ -27,19 +27,25 @@ class Costs:
     exact_batch: int  # largest batch bit-identical to one-token decoding
     draft_token_seconds: float | None = None  # one draft step (None: no draft model)
 
-    def verify_seconds(self, n: int, chunk: int | None = None) -> float:
-        """Seconds to verify n tokens, in one batch or in chunks of `chunk`."""
+    def batch_seconds(self, n: int) -> float:
+        """Seconds to decode a batch of n tokens; beyond what was measured, linear in tokens."""
         t = self.target_batch_seconds
+        return t[n - 1] if n <= len(t) else t[-1] / len(t) * n
 
-        def one(m: int) -> float:
-            if m <= len(t):
-                return t[m - 1]
-            return t[-1] / len(t) * m  # beyond what was measured: linear in tokens
+    def verify_seconds(self, n: int, chunk: int | None = None, alpha: float = 1.0) -> float:
+        """Expected seconds to verify n tokens, in one batch or in chunks of `chunk`.
 
+        A chunk starting at row s runs only if the s drafts before it were all accepted
+        (probability alpha**s): exact verification stops at the first rejected chunk.
+        """
         if not chunk or n <= chunk:
-            return one(n)
-        full, rest = divmod(n, chunk)
-        return full * one(chunk) + (one(rest) if rest else 0.0)
+            return self.batch_seconds(n)
+        cost, start = 0.0, 0
+        while start < n:
+            m = min(chunk, n - start)
+            cost += alpha ** start * self.batch_seconds(m)
+            start += m
+        return cost
 
     @property
     def target_token_seconds(self) -> float:

@@ -240,6 +240,9 @@ class Engine(Closing):
         if (prompt is None) == (messages is None):
             raise GGUFSpecError("give exactly one of a prompt or chat messages")
         tokens = self.target_model.tokenize_chat(messages) if messages is not None else self.target_model.tokenize(prompt)
+        return self._check_prompt(tokens)
+
+    def _check_prompt(self, tokens: list[int]) -> list[int]:
         if not tokens:
             raise GGUFSpecError("the prompt is empty; give some text")
         if len(tokens) >= self.n_ctx:
@@ -277,8 +280,8 @@ class Engine(Closing):
         drafter = self._drafter(mode, exact)
         if prompt_tokens is None:
             prompt_tokens = self.tokenize_prompt(prompt, messages)
-        elif len(prompt_tokens) >= self.n_ctx:
-            raise GGUFSpecError(f"the prompt is {len(prompt_tokens)} tokens, longer than the context (n_ctx={self.n_ctx})")
+        else:
+            self._check_prompt(prompt_tokens)
         params = s.sampling
         rng = np.random.default_rng(s.seed)
         if self.model_drafter:
