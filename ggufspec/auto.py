@@ -39,6 +39,14 @@ class Estimate:
                 break
 
 
+# (shortest agreement of the bucket, prior alpha) for lookup drafts, by agreement length in tokens.
+LOOKUP_PRIORS = ((1, 0.3), (2, 0.5), (3, 0.7), (4, 0.75), (8, 0.8), (16, 0.85), (32, 0.9))
+
+
+def lookup_bucket(agreement: int) -> int:
+    return max(m for m, _ in LOOKUP_PRIORS if m <= max(1, agreement))
+
+
 def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
@@ -57,8 +65,9 @@ class AutoDrafter:
         self.exact, self.exact_batch = exact, max(1, exact_batch)
         self.lookup, self.model = lookup, model
         self.draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
-        # Longer matches repeat the text more reliably; a draft model of the same family agrees often.
-        self.lookup_alpha = {n: Estimate(prior, 2.0) for n, prior in ((1, 0.3), (2, 0.5), (3, 0.75), (4, 0.8))}  # by n-gram
+        # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
+        # match agrees with the history. A draft model of the same family agrees often.
+        self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
         self.model_alpha = Estimate(0.7, 4.0)
         self._last: tuple[str, int] = ("target", 0)
 
@@ -82,8 +91,9 @@ class AutoDrafter:
         start = time.perf_counter()
         best = ("target", 0, self.margin / self.costs.batch_seconds(1))
         match, n = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
+        n = lookup_bucket(n)
         if match:
-            a = self.lookup_alpha[min(n, 4)].value
+            a = self.lookup_alpha[n].value
             for k in range(1, len(match) + 1):
                 r = self.rate(a, k, 0.0)
                 if r > best[2]:
@@ -97,7 +107,7 @@ class AutoDrafter:
         source, k, _ = best
         self._last = (source, n)
         if source == "lookup":
-            return Draft(match[:k], None, time.perf_counter() - start, 0, "lookup", {"ngram": n})
+            return Draft(match[:k], None, time.perf_counter() - start, 0, "lookup", {"agreement": n})
         if source == "draft":
             return self.model.propose(history, k, params, rng)
         return Draft([], None, time.perf_counter() - start, 0, "target")
@@ -107,7 +117,7 @@ class AutoDrafter:
         source, n = self._last
         if r.n_drafted:
             if source == "lookup":
-                self.lookup_alpha[min(n, 4)].update(r.n_accepted, r.n_drafted)
+                self.lookup_alpha[n].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if r.draft_decoded:  # a calibration taken on a busy machine must not bias us for good

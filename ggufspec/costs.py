@@ -47,6 +47,13 @@ class Costs:
             start += m
         return cost
 
+    def ceiling(self, chunk: int | None = None) -> tuple[float, int]:
+        """(best speed-up any drafter could give, tokens per round that give it): every draft
+        accepted and drafting free, so a round of n tokens costs one verify of n rows."""
+        t1 = self.batch_seconds(1)
+        rates = [(n * t1 / self.verify_seconds(n, chunk), n) for n in range(1, len(self.target_batch_seconds) + 1)]
+        return max(rates, key=lambda r: (round(r[0], 9), -r[1]))  # ties: the shortest round
+
     @property
     def target_token_seconds(self) -> float:
         return self.target_batch_seconds[0]

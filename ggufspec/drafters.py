@@ -94,18 +94,25 @@ class ModelDrafter:
 
 
 class LookupDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the history's last n tokens and
-    propose what followed it. No second model; costs microseconds. Index is incremental."""
+    """Prompt lookup: find an earlier occurrence of the history's last n tokens and propose
+    what followed it. No second model; costs microseconds. The index is incremental.
+
+    Of the recent occurrences of the matched n-gram, the one whose agreement with the history
+    reaches furthest back wins: when an answer copies a block of the prompt, that is the place
+    being copied, not merely the latest line that happens to end the same way. `match` reports
+    that agreement length, which predicts acceptance far better than the n-gram length alone.
+    """
 
     name = "lookup"
 
-    def __init__(self, ngram_max: int = 4, ngram_min: int = 2):  # a 1-gram match predicts little
-        self.ngram_max = ngram_max
-        self.ngram_min = ngram_min
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2, candidates: int = 8, reach: int = 32):
+        # a 1-gram match predicts little
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self.candidates, self.reach = candidates, reach
         self.reset([])
 
     def reset(self, prompt_tokens: list[int]) -> None:
-        self._index: list[dict[tuple, int]] = [dict() for _ in range(self.ngram_max + 1)]
+        self._index: list[dict[tuple, list[int]]] = [dict() for _ in range(self.ngram_max + 1)]
         self._indexed_to = 0  # n-grams ending before this position are in the index
 
     def _extend_index(self, history: list[int]) -> None:
@@ -114,22 +121,33 @@ class LookupDrafter:
         for i in range(self._indexed_to, end):
             for n in range(self.ngram_min, self.ngram_max + 1):
                 if i - n + 1 >= 0:
-                    self._index[n][tuple(history[i - n + 1 : i + 1])] = i
+                    seen = self._index[n].setdefault(tuple(history[i - n + 1 : i + 1]), [])
+                    seen.append(i)
+                    if len(seen) > self.candidates:
+                        del seen[0]
         self._indexed_to = max(self._indexed_to, end)
 
+    def _agreement(self, history: list[int], j: int) -> int:
+        """How many tokens ending at j equal the history's last ones (up to `reach`)."""
+        last, m = len(history) - 1, 0
+        while m < self.reach and j - m >= 0 and history[j - m] == history[last - m]:
+            m += 1
+        return m
+
     def match(self, history: list[int], n_max: int) -> tuple[list[int], int]:
-        """(continuation tokens, n-gram length matched); ([], 0) when nothing matches."""
+        """(continuation tokens, length of the agreement before it); ([], 0) when nothing matches."""
         self._extend_index(history)
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
             if len(history) < n:
                 continue
-            j = self._index[n].get(tuple(history[-n:]))
-            if j is not None:
-                return list(history[j + 1 : j + 1 + n_max]), n
+            seen = self._index[n].get(tuple(history[-n:]))
+            if seen:
+                m, j = max((self._agreement(history, j), j) for j in seen)  # ties: the latest
+                return list(history[j + 1 : j + 1 + n_max]), m
         return [], 0
 
     def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
-        tokens, n = self.match(history, n_max) if n_max > 0 else ([], 0)
+        tokens, m = self.match(history, n_max) if n_max > 0 else ([], 0)
         # A deterministic drafter: q is one-hot on each proposal, which the loop builds (q=None).
-        return Draft(tokens, None, time.perf_counter() - start, 0, self.name, {"ngram": n})
+        return Draft(tokens, None, time.perf_counter() - start, 0, self.name, {"agreement": m})

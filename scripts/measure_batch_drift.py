@@ -5,7 +5,9 @@ Greedy speculative decoding is token-identical to target-only decoding only if t
 batch computes the same argmax as one-token steps. This decodes a greedy continuation one
 token at a time, then the same tokens in batches of 2..8, and prints for each batch size the
 largest logit difference, the largest change of the top-1/top-2 gap (what can flip an
-argmax), and whether the batch is bit-identical.
+argmax), and whether the batch is bit-identical. It also times each batch twice: with a logits
+row for every token, as verification needs, and with the last row only, as `llama-bench pp`
+measures; the difference is the output layer, which verification pays once per drafted token.
 
     python scripts/measure_batch_drift.py MODEL.gguf [-n 48] [--no-repack]
 """
@@ -35,6 +37,9 @@ def main() -> int:
     prompt = model.tokenize(a.prompt)
     ctx.decode(prompt[:-1], logits="none")
     n0 = ctx.n_past
+    for x in prompt[-1:] * 3:  # warm-up: page the mmapped weights in
+        ctx.decode([x])
+    ctx.truncate(n0)
     inputs, singles = [prompt[-1]], []
     start = time.perf_counter()
     for _ in range(a.n):
@@ -43,7 +48,8 @@ def main() -> int:
         inputs.append(int(row.argmax()))
     single_ms = (time.perf_counter() - start) / a.n * 1000
     print(f"{model.path.name}: repack {'off' if a.no_repack else 'on'}, {ctx.n_threads} threads, one token {single_ms:.1f} ms")
-    print(f"{'batch':>5} {'max |dlogit|':>13} {'max |dgap|':>11} {'bit-identical':>14} {'ms/batch':>9} {'ms/token':>9}")
+    print(f"{'batch':>5} {'max |dlogit|':>13} {'max |dgap|':>11} {'bit-identical':>14} {'ms/batch':>9} "
+          f"{'steps':>6} {'steps, last row only':>21} {'tokens/steps':>13}")
     for b in range(2, 9):
         ctx.truncate(n0)
         dlogit = dgap = 0.0
@@ -62,7 +68,16 @@ def main() -> int:
                 dgap = max(dgap, abs(float(gap_b - gap_s)))
             ctx.truncate(n0 + s + b)
         ms = seconds / n_batches * 1000
-        print(f"{b:>5} {dlogit:>13.4f} {dgap:>11.4f} {str(dlogit == 0.0):>14} {ms:>9.1f} {ms / b:>9.1f}")
+        ctx.truncate(n0)
+        last_seconds = 0.0
+        for s in range(0, a.n - b + 1, b):
+            t = time.perf_counter()
+            ctx.decode(inputs[s:s + b], logits="last")
+            last_seconds += time.perf_counter() - t
+        last_ms = last_seconds / n_batches * 1000
+        steps = ms / single_ms
+        print(f"{b:>5} {dlogit:>13.4f} {dgap:>11.4f} {str(dlogit == 0.0):>14} {ms:>9.1f} "
+              f"{steps:>6.2f} {last_ms / single_ms:>21.2f} {b / steps:>13.2f}")
     ctx.close()
     model.close()
     return 0

@@ -3,7 +3,7 @@
 import pytest
 
 from ggufspec import Engine
-from ggufspec.auto import AutoDrafter, Estimate, expected_tokens
+from ggufspec.auto import LOOKUP_PRIORS, AutoDrafter, Estimate, expected_tokens, lookup_bucket
 from ggufspec.costs import Costs
 from ggufspec.drafters import LookupDrafter
 
@@ -70,3 +70,42 @@ def test_auto_is_greedy_identical_and_reports_its_choices(engine):
 
 def test_auto_is_the_default_mode(engine):
     assert engine.generate("hi", max_tokens=5).stats.mode == "auto"
+
+
+def test_lookup_continues_the_copy_that_agrees_furthest_back():
+    # "1 2 3 4 X" occurs twice; the history agrees with the first occurrence for much longer
+    # (it is copying that block), so its continuation wins over the latest one.
+    copied = [7, 8, 9, 1, 2, 3, 4, 10, 11, 12]
+    decoy = [5, 1, 2, 3, 4, 20, 21]
+    history = copied + decoy + [7, 8, 9, 1, 2, 3, 4]
+    tokens, agreement = LookupDrafter().match(history, 3)
+    assert tokens == [10, 11, 12]
+    assert agreement == 7
+    # Without the long agreement the latest occurrence wins.
+    tokens, agreement = LookupDrafter().match(copied + decoy + [0, 1, 2, 3, 4], 3)
+    assert tokens == [20, 21, 0]
+    assert agreement == 4
+
+
+def test_lookup_index_is_incremental_and_never_matches_itself():
+    d = LookupDrafter()
+    history = [1, 2, 3]
+    assert d.match(history, 3) == ([], 0)  # the suffix itself is not an earlier occurrence
+    history += [4, 1, 2, 3]
+    assert d.match(history, 3) == ([4, 1, 2], 3)
+    history += [4]
+    assert d.match(history, 2) == ([1, 2], 4)
+
+
+def test_lookup_alpha_is_tracked_by_agreement_length():
+    assert [lookup_bucket(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 99)] == [1, 1, 2, 3, 4, 4, 8, 8, 16, 16, 32, 32]
+    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
+    assert set(d.lookup_alpha) == {m for m, _ in LOOKUP_PRIORS}
+
+
+def test_ceiling_is_the_best_rate_of_an_always_right_free_drafter():
+    c = cpu_like()
+    best, n = c.ceiling(3)  # exact: chunks of 3 rows
+    assert (best, n) == (pytest.approx(3 * 0.043 / 0.093), 3)
+    assert c.ceiling(None)[0] == pytest.approx(max(k * 0.043 / t for k, t in enumerate(c.target_batch_seconds, 1)))
+    assert gpu_like().ceiling(None) == (pytest.approx(9 * 0.040 / 0.048), 9)
