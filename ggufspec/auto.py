@@ -85,6 +85,26 @@ class AutoDrafter:
     def rate(self, a: float, k: int, draft_step: float) -> float:
         return expected_tokens(a, k) / (k * draft_step + self.verify_cost(k + 1, a))
 
+    def best_length(self, a: float, draft_step: float, n_max: int = 8) -> tuple[float, int]:
+        """(speed-up over plain decoding, draft length) of the best round at acceptance rate a."""
+        t1 = self.costs.batch_seconds(1)
+        rates = [(self.rate(a, k, draft_step) * t1, k) for k in range(1, n_max + 1)]
+        return max(rates, key=lambda r: (round(r[0], 9), -r[1]))  # ties: the shorter draft
+
+    def break_even(self, draft_step: float, n_max: int = 8) -> float | None:
+        """The smallest acceptance rate at which this drafter is used at all (it must beat plain
+        decoding by the margin); None when even an always-right drafter would not be."""
+        def pays(a: float) -> bool:
+            return self.best_length(a, draft_step, n_max)[0] > self.margin
+
+        if not pays(1.0):
+            return None
+        lo, hi = 0.0, 1.0
+        for _ in range(20):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if pays(mid) else (mid, hi)
+        return hi
+
     # -- the choice ---------------------------------------------------------------------------
 
     def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:

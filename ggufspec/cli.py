@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -118,7 +118,8 @@ def open_engine(o: dict):
                                                   use_default=o.get("use_default", False))
     ngl, ngld = _layers(o, target, draft, pair_defaults)
     engine = Engine(target, draft, n_ctx=o["n_ctx"], n_batch=o["n_batch"], n_threads=o["n_threads"],
-                    n_gpu_layers=ngl, draft_n_gpu_layers=ngld, verbose=o["verbose"])
+                    n_gpu_layers=ngl, draft_n_gpu_layers=ngld, verbose=o["verbose"],
+                    remeasure=o.get("remeasure", False))
     return engine, pair_defaults
 
 
@@ -433,6 +434,70 @@ def _plot(rows: list[dict], path: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+@cli.command("costs")
+@model_options
+@click.option("--refresh", "remeasure", is_flag=True, help="Measure again instead of reading the cache.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@user_errors
+def costs_command(as_json, **options):
+    """What a decode costs on this machine, and where speculation can pay.
+
+    Times the target on batches of 1..9 tokens (a logits row per token, as verification
+    needs), finds the largest batch that is bit-identical to one-token decoding, times a draft
+    step, and works out from those numbers the acceptance rate each kind of drafting needs
+    before `--mode auto` uses it. Measured once per model, threads and offload, then cached;
+    --refresh measures again (after the machine's load or clocks changed).
+
+    \b
+    Examples:
+      ggufspec costs
+      ggufspec costs -m target.gguf -md draft.gguf --refresh
+    """
+    from .auto import AutoDrafter
+    from .drafters import LookupDrafter
+    from .report import table, to_json
+
+    options["use_default"] = True
+    engine, _ = open_engine(options)
+    with engine:
+        c, exact_batch = engine.costs, engine.exact_batch
+        exact = exact_batch >= 2
+        t1 = c.target_token_seconds
+        auto = AutoDrafter(c, exact=exact, exact_batch=exact_batch, lookup=LookupDrafter())
+        ceiling, ceiling_n = c.ceiling(exact_batch if exact else None)
+        drafters = {"lookup": 0.0}
+        if c.draft_token_seconds:
+            drafters["draft model"] = c.draft_token_seconds
+        pays = {}
+        for name, step in drafters.items():
+            best, k = auto.best_length(1.0, step)
+            pays[name] = {"draft_step_seconds": step, "break_even_alpha": auto.break_even(step),
+                          "speedup_if_always_right": best, "draft_max_if_always_right": k}
+        out = {"target": str(engine.target_model.path), "draft": str(engine.draft_model.path) if engine.draft_model else None,
+               "threads": engine.target_ctx.n_threads, "exact_batch": exact_batch, "exact": exact,
+               "target_batch_seconds": c.target_batch_seconds, "draft_token_seconds": c.draft_token_seconds,
+               "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n, "drafters": pays}
+    if as_json:
+        click.echo(to_json(out))
+        return
+    rows = [{"batch": n, "ms": f"{1000 * t:.1f}", "steps": f"{t / t1:.2f}", "exact": "yes" if n <= exact_batch else "no",
+             "gain": f"{n * t1 / t:.2f}x"} for n, t in enumerate(c.target_batch_seconds, 1)]
+    click.echo(table(rows, [("batch", "tokens in batch"), ("ms", "ms"), ("steps", "target steps"),
+                            ("exact", "= one-token decoding"), ("gain", "tokens / steps")]))
+    click.echo(f"\n{Path(out['target']).name}, {out['threads']} threads: one target step {1000 * t1:.1f} ms")
+    if c.draft_token_seconds:
+        click.echo(f"draft step {1000 * c.draft_token_seconds:.1f} ms ({c.draft_token_seconds / t1:.2f} of a target step)")
+    how = f"in exact chunks of {exact_batch}" if exact else "in one batch"
+    click.echo(f"verification {how}: an always-right, free drafter gains at most {ceiling:.2f}x ({ceiling_n} tokens per round)")
+    for name, p in pays.items():
+        if p["break_even_alpha"] is None:
+            click.echo(f"{name}: never pays here (always right it would run at {p['speedup_if_always_right']:.2f}x); "
+                       "auto will not use it")
+        else:
+            click.echo(f"{name}: auto uses it where its acceptance rate is above {p['break_even_alpha']:.2f} "
+                       f"(always right: {p['speedup_if_always_right']:.2f}x at --draft-max {p['draft_max_if_always_right']})")
 
 
 @cli.command("plan")

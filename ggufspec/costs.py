@@ -65,8 +65,12 @@ def _probe_tokens(ctx: Context, n: int) -> list[int]:
     return [lo + (i * 7919) % max(1, ctx.n_vocab // 2) for i in range(n)]
 
 
-def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 2) -> tuple[list[float], int]:
-    """(seconds per batch size 1..max_batch, largest bit-exact batch). Leaves the KV cache empty."""
+def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -> tuple[list[float], int]:
+    """(seconds per batch size 1..max_batch, largest bit-exact batch). Leaves the KV cache empty.
+
+    The batch sizes take turns within each repeat, so a machine that slows down part way
+    through skews no size against another; each size keeps its fastest time.
+    """
     max_batch = max(1, min(max_batch, ctx.n_batch, ctx.n_ctx - 16))
     prefix = _probe_tokens(ctx, 8 + max_batch)
     ctx.clear()
@@ -79,23 +83,18 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 2) -
     singles = []
     for x in tokens:
         singles.append(ctx.decode([x])[0].copy())
-    exact, exact_done = 1, False
-    seconds = []
-    for b in range(1, max_batch + 1):
-        best = float("inf")
-        for _ in range(repeats):
+    exact = None
+    seconds = [float("inf")] * max_batch
+    for _ in range(repeats):
+        for b in range(1, max_batch + 1):
             ctx.truncate(base)
             start = time.perf_counter()
             rows = ctx.decode(tokens[:b], logits="all")
-            best = min(best, time.perf_counter() - start)
-        if b > 1 and not exact_done:
-            if np.array_equal(rows, np.stack(singles[:b])):
-                exact = b
-            else:
-                exact_done = True
-        seconds.append(best)
+            seconds[b - 1] = min(seconds[b - 1], time.perf_counter() - start)
+            if exact is None and b > 1 and not np.array_equal(rows, np.stack(singles[:b])):
+                exact = b - 1
     ctx.clear()
-    return seconds, exact
+    return seconds, exact if exact is not None else max_batch
 
 
 def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:

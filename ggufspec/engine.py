@@ -192,7 +192,8 @@ class Engine(Closing):
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True):
+                 n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
+                 remeasure: bool = False):
         if n_ctx < 8:
             raise GGUFSpecError(f"-c/--ctx-size must be at least 8 (got {n_ctx})")
         if n_batch < 1:
@@ -211,8 +212,9 @@ class Engine(Closing):
         except BaseException:
             self.close()
             raise
-        # Costs of a decode here and the largest bit-exact batch: measured once, then cached.
-        self.costs = costs_for(self.target_ctx, self.draft_ctx) if measure else None
+        # Costs of a decode here and the largest bit-exact batch: measured once, then cached
+        # (remeasure=True measures again, e.g. after the machine's load or clocks changed).
+        self.costs = costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure) if measure or remeasure else None
         self.exact_batch = self.costs.exact_batch if self.costs else 1
         self.model_drafter = ModelDrafter(self.draft_model, self.draft_ctx) if self.draft_model else None
         self.lookup_drafter = LookupDrafter()

@@ -109,3 +109,12 @@ def test_ceiling_is_the_best_rate_of_an_always_right_free_drafter():
     assert (best, n) == (pytest.approx(3 * 0.043 / 0.093), 3)
     assert c.ceiling(None)[0] == pytest.approx(max(k * 0.043 / t for k, t in enumerate(c.target_batch_seconds, 1)))
     assert gpu_like().ceiling(None) == (pytest.approx(9 * 0.040 / 0.048), 9)
+
+
+def test_break_even_alpha_where_lookup_pays_and_the_draft_model_never_does():
+    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
+    a = d.break_even(0.0)
+    assert 0.5 < a < 1
+    assert d.best_length(a + 0.01, 0.0)[0] > d.margin > d.best_length(a - 0.01, 0.0)[0]
+    assert d.break_even(0.025) is None  # the measured CPU: a 0.6-step draft cannot pay
+    assert AutoDrafter(gpu_like(), exact=False, exact_batch=1, lookup=LookupDrafter()).break_even(0.006) < 0.3

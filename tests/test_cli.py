@@ -122,3 +122,18 @@ def test_prompt_sources_are_exclusive(tiny):
 
 def test_chat_without_template(tiny):
     assert_one_line_error(run("generate", "-m", tiny["close"], "--chat", "hi"), "no chat template")
+
+
+def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
+    r = run("costs", "-m", tiny["target"], "-md", tiny["close"], "-c", 256, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert len(out["target_batch_seconds"]) == 9 and all(t > 0 for t in out["target_batch_seconds"])
+    assert out["exact_batch"] >= 1 and out["draft_token_seconds"] > 0
+    assert set(out["drafters"]) == {"lookup", "draft model"}
+    for d in out["drafters"].values():
+        assert d["break_even_alpha"] is None or 0 < d["break_even_alpha"] <= 1
+        assert d["speedup_if_always_right"] <= out["ceiling_speedup"] + 1e-9  # drafting is never free-er than free
+    r = run("costs", "-m", tiny["target"], "-c", 256, "--refresh")
+    assert r.exit_code == 0, r.output
+    assert "tokens / steps" in r.output and "lookup:" in r.output
