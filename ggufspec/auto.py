@@ -6,14 +6,17 @@ here (k draft steps plus the verify batch, from the measured cost table, chunked
 at the first rejection when verification is exact) gives expected tokens per second; k = 0 is
 plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no
 draft, a prompt-lookup draft (its alpha tracked per matched n-gram length), or the draft model.
-Acceptance estimates and costs are updated from every round, so the choice follows the text.
+Acceptance estimates are updated from every round, so the choice follows the text. Costs keep
+the shape measured at load (what a batch of n costs relative to one step, what a draft step
+costs); every round rescales them by how fast the machine runs now. Each observation moves the
+scale by at most a bounded step, so one stall (a page fault, another process) cannot make
+drafting look cheap, and the scale of the target is updated by every round, whichever drafter
+won it, so a wrong estimate cannot lock itself in.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-
 import numpy as np
 
 from .costs import Costs
@@ -58,13 +61,16 @@ class AutoDrafter:
     # Speculate only for an expected gain of 3% or more: estimates of alpha are noisy, and a
     # draft that merely breaks even costs more in variance than it gives.
     margin = 1.03
+    # How far one round's timing may move a cost scale: observations are clipped to this factor.
+    clip = 1.5
 
     def __init__(self, costs: Costs, *, exact: bool, exact_batch: int, lookup: LookupDrafter,
                  model: ModelDrafter | None = None, draft_cost: float | None = None):
-        self.costs = replace(costs, target_batch_seconds=list(costs.target_batch_seconds))  # updated online
+        self.costs = costs  # the shape, measured at load
         self.exact, self.exact_batch = exact, max(1, exact_batch)
         self.lookup, self.model = lookup, model
-        self.draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
+        self._draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
+        self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
         # match agrees with the history. A draft model of the same family agrees often.
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
@@ -78,16 +84,30 @@ class AutoDrafter:
 
     # -- costs --------------------------------------------------------------------------------
 
+    @property
+    def draft_cost(self) -> float | None:
+        """Seconds per drafted token now (the catch-up of the draft's KV cache included)."""
+        return None if self._draft_cost is None else self._draft_cost * self.draft_scale
+
+    @property
+    def step_cost(self) -> float:
+        """Seconds of one plain decoding step now."""
+        return self.costs.batch_seconds(1) * self.target_scale
+
     def verify_cost(self, n_rows: int, a: float) -> float:
         """Expected seconds to verify n_rows; exact mode decodes chunks and stops at a rejection."""
-        return self.costs.verify_seconds(n_rows, self.exact_batch if self.exact else None, a)
+        return self.costs.verify_seconds(n_rows, self.exact_batch if self.exact else None, a) * self.target_scale
+
+    def _rescale(self, scale: float, observed: float, expected: float) -> float:
+        ratio = min(self.clip, max(1 / self.clip, observed / (expected * scale)))
+        return scale * (0.9 + 0.1 * ratio)
 
     def rate(self, a: float, k: int, draft_step: float) -> float:
         return expected_tokens(a, k) / (k * draft_step + self.verify_cost(k + 1, a))
 
     def best_length(self, a: float, draft_step: float, n_max: int = 8) -> tuple[float, int]:
         """(speed-up over plain decoding, draft length) of the best round at acceptance rate a."""
-        t1 = self.costs.batch_seconds(1)
+        t1 = self.step_cost
         rates = [(self.rate(a, k, draft_step) * t1, k) for k in range(1, n_max + 1)]
         return max(rates, key=lambda r: (round(r[0], 9), -r[1]))  # ties: the shorter draft
 
@@ -109,7 +129,7 @@ class AutoDrafter:
 
     def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
-        best = ("target", 0, self.margin / self.costs.batch_seconds(1))
+        best = ("target", 0, self.margin / self.step_cost)
         match, n = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
         n = lookup_bucket(n)
         if match:
@@ -133,18 +153,16 @@ class AutoDrafter:
         return Draft([], None, time.perf_counter() - start, 0, "target")
 
     def observe(self, r) -> None:
-        """Learn from a finished round: acceptance by source, and what the passes cost."""
+        """Learn from a finished round: acceptance by source, and how fast the machine runs now."""
         source, n = self._last
         if r.n_drafted:
             if source == "lookup":
                 self.lookup_alpha[n].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
-                if r.draft_decoded:  # a calibration taken on a busy machine must not bias us for good
-                    per_token = r.draft_seconds / r.draft_decoded
-                    self.draft_cost = 0.9 * self.draft_cost + 0.1 * per_token
+                if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
+                    self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
         rows = r.n_drafted + 1
         one_call = not self.exact or rows <= self.exact_batch
-        table = self.costs.target_batch_seconds
-        if one_call and not r.ties_settled and rows <= len(table):
-            table[rows - 1] = 0.9 * table[rows - 1] + 0.1 * r.target_seconds
+        if one_call and not r.ties_settled:
+            self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))

@@ -118,3 +118,33 @@ def test_break_even_alpha_where_lookup_pays_and_the_draft_model_never_does():
     assert d.best_length(a + 0.01, 0.0)[0] > d.margin > d.best_length(a - 0.01, 0.0)[0]
     assert d.break_even(0.025) is None  # the measured CPU: a 0.6-step draft cannot pay
     assert AutoDrafter(gpu_like(), exact=False, exact_batch=1, lookup=LookupDrafter()).break_even(0.006) < 0.3
+
+
+def _plain_round(seconds):
+    from ggufspec.speculative import Round
+    return Round([1], 0, 0, 0.0, seconds)
+
+
+def test_one_stall_cannot_make_the_draft_model_look_cheap():
+    """A plain step that stalls (page fault, another process) must not tip auto into drafting."""
+    import numpy as np
+    from ggufspec.sampling import SamplingParams
+
+    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter(), model=object(), draft_cost=0.025)
+    d.model_alpha = Estimate(0.9, 1000)
+    for _ in range(3):
+        d.observe(_plain_round(10 * 0.043))
+    assert 1.0 < d.target_scale <= 1.05 ** 3 + 1e-9
+    # object() has no propose(): choosing the draft model would raise here.
+    assert d.propose([5, 6, 7], 3, SamplingParams(), np.random.default_rng(0)).source == "target"
+
+
+def test_cost_scale_follows_a_lasting_slowdown_and_recovers():
+    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
+    for _ in range(80):
+        d.observe(_plain_round(1.3 * 0.043))
+    assert d.target_scale == pytest.approx(1.3, rel=0.02)
+    assert d.step_cost == pytest.approx(1.3 * 0.043, rel=0.02)
+    for _ in range(80):
+        d.observe(_plain_round(0.043))
+    assert d.target_scale == pytest.approx(1.0, rel=0.02)
