@@ -21,7 +21,7 @@ from .engine import Engine, Stats
 from .errors import GGUFSpecError
 from .sampling import top2_gap
 
-SUITES = ("code", "edit", "chat", "summarize")
+SUITES = ("code", "edit", "chat", "summarize", "fix")  # fix: not in the default run
 DRAFTING_MODES = ("speculative", "lookup", "auto")
 ALL_MODES = ("target", "draft", "speculative", "lookup", "auto")
 

@@ -324,7 +324,8 @@ def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats
 @click.option("--modes", default="target,draft,speculative,lookup,auto", show_default=True,
               help="Comma list of modes: target, draft (draft model alone), speculative, lookup, auto.")
 @click.option("--suite", "suites", default="code,edit,chat,summarize", show_default=True,
-              help="Comma list of built-in prompt suites.")
+              help="Comma list of built-in prompt suites: code, edit, chat, summarize, fix (bug fixes "
+                   "answered with the whole code: where prompt lookup pays).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Your own prompts: text (one per line) or JSONL with `prompt` or `messages`.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Counted runs per prompt (median reported).")

@@ -148,3 +148,22 @@ def test_cost_scale_follows_a_lasting_slowdown_and_recovers():
     for _ in range(80):
         d.observe(_plain_round(0.043))
     assert d.target_scale == pytest.approx(1.0, rel=0.02)
+
+
+def test_untried_lookup_drafts_get_tried_and_failures_stop_them():
+    """UCB: a bucket whose prior is just below break-even is explored; evidence then decides."""
+    import numpy as np
+    from ggufspec.sampling import SamplingParams
+    from ggufspec.speculative import Round
+
+    measured = Costs([0.0423, 0.0880, 0.1024, 0.1425, 0.1686, 0.2088, 0.2400, 0.3348, 0.3446], 3)  # `ggufspec costs` here
+    d = AutoDrafter(measured, exact=True, exact_batch=3, lookup=LookupDrafter())
+    history = [9, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]  # matches "1 2 3 4" with an agreement of 4
+    rng, params = np.random.default_rng(0), SamplingParams()
+    assert d.lookup_alpha[4].value < d.break_even(0.0)  # the prior alone would never draft here
+    draft = d.propose(history, 5, params, rng)
+    assert draft.source == "lookup" and draft.tokens[:2] == [5, 6]
+    for _ in range(10):  # every draft rejected at once
+        d.propose(history, 5, params, rng)
+        d.observe(Round([8], 2, 0, 0.0, 0.1024, "lookup"))
+    assert d.propose(history, 5, params, rng).source == "target"

@@ -79,7 +79,7 @@ def test_bad_bench_input_is_one_line(tiny, tmp_path):
 
 
 def test_builtin_suites_exist():
-    for name in ("code", "edit", "chat", "summarize"):
+    for name in ("code", "edit", "chat", "summarize", "fix"):
         assert len(load_suite(name)) >= 4
 
 
