@@ -5,7 +5,8 @@ E(a, k) = (1 - a^(k+1)) / (1 - a) tokens per target pass. Dividing by what the r
 here (k draft steps plus the verify batch, from the measured cost table, chunked and cut short
 at the first rejection when verification is exact) gives expected tokens per second; k = 0 is
 plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no
-draft, a prompt-lookup draft (its alpha tracked per matched n-gram length), or the draft model.
+draft, a prompt-lookup draft (its alpha tracked by how far back the match agrees with the
+history), or the draft model.
 Acceptance estimates are updated from every round, so the choice follows the text; lookup's
 carry an exploration bonus (UCB), so a kind of match is tried before it is written off. Costs keep
 the shape measured at load (what a batch of n costs relative to one step, what a draft step
@@ -18,9 +19,10 @@ won it, so a wrong estimate cannot lock itself in.
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
-from .costs import Costs
+from .costs import Costs, best_rate
 from .drafters import Draft, LookupDrafter, ModelDrafter
 from .sampling import SamplingParams
 
@@ -119,7 +121,7 @@ class AutoDrafter:
         """(speed-up over plain decoding, draft length) of the best round at acceptance rate a."""
         t1 = self.step_cost
         rates = [(self.rate(a, k, draft_step) * t1, k) for k in range(1, n_max + 1)]
-        return max(rates, key=lambda r: (round(r[0], 9), -r[1]))  # ties: the shorter draft
+        return best_rate(rates)
 
     def break_even(self, draft_step: float, n_max: int = 8) -> float | None:
         """The smallest acceptance rate at which this drafter is used at all (it must beat plain
@@ -140,10 +142,10 @@ class AutoDrafter:
     def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
         best = ("target", 0, self.margin / self.step_cost)
-        match, n = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
-        n = lookup_bucket(n)
+        match, agreement = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
+        bucket = lookup_bucket(agreement)
         if match:
-            a = self.lookup_alpha[n].optimistic(self.explore)
+            a = self.lookup_alpha[bucket].optimistic(self.explore)
             for k in range(1, len(match) + 1):
                 r = self.rate(a, k, 0.0)
                 if r > best[2]:
@@ -155,19 +157,19 @@ class AutoDrafter:
                 if r > best[2]:
                     best = ("draft", k, r)
         source, k, _ = best
-        self._last = (source, n)
+        self._last = (source, bucket)
         if source == "lookup":
-            return Draft(match[:k], None, time.perf_counter() - start, 0, "lookup", {"agreement": n})
+            return Draft(match[:k], None, time.perf_counter() - start, 0, "lookup", {"agreement": agreement})
         if source == "draft":
             return self.model.propose(history, k, params, rng)
         return Draft([], None, time.perf_counter() - start, 0, "target")
 
     def observe(self, r) -> None:
         """Learn from a finished round: acceptance by source, and how fast the machine runs now."""
-        source, n = self._last
+        source, bucket = self._last
         if r.n_drafted:
             if source == "lookup":
-                self.lookup_alpha[n].update(r.n_accepted, r.n_drafted)
+                self.lookup_alpha[bucket].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts

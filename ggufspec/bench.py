@@ -217,8 +217,7 @@ def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], posi
 def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "all") -> list[dict]:
     """Aggregate runs into rows: one per configuration (and per suite or prompt if asked)."""
     greedy = settings.generation.get("temperature", 0) in (0, None)
-    exact = settings.generation.get("exact")
-    exact = exact if exact is not None else engine.exact_batch >= 2
+    exact = engine.exact_for(settings.generation.get("exact"))
     reference = {(r.prompt, r.repeat): r for r in runs if r.config.mode == "target"}
     groups: dict[tuple, list[Run]] = {}
     for r in runs:

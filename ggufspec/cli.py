@@ -302,8 +302,8 @@ def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats
         if save_outputs:
             B.save_outputs(runs, save_outputs)
         costs = engine.costs
-        exact = generation.get("exact")
-        exact = exact if exact is not None else engine.exact_batch >= 2
+        exact = engine.exact_for(generation.get("exact"))
+        ceiling, ceiling_n = costs.ceiling(engine.exact_batch if exact else None) if costs else (None, None)
         meta = {
             "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
             "draft": str(engine.draft_model.path) if engine.draft_model else None,
@@ -312,7 +312,7 @@ def _bench_engine(options, prompts, modes, draft_max, draft_max_text, n, repeats
             "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch, "exact": exact,
             "costs": None if costs is None else {"target_batch_seconds": costs.target_batch_seconds,
                                                  "draft_token_seconds": costs.draft_token_seconds,
-                                                 "ceiling_speedup": costs.ceiling(engine.exact_batch if exact else None)[0]},
+                                                 "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n},
             "interrupted": interrupted,
         }
         return rows, meta, costs, interrupted
@@ -404,9 +404,8 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
             if costs.draft_token_seconds:
                 line += f"; draft step {1000 * costs.draft_token_seconds:.1f} ms ({costs.draft_token_seconds / t1:.2f} of a target step)"
             line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding"
-            best, n = costs.ceiling(meta["exact_batch"] if meta["exact"] else None)
-            line += (f"\nceiling: with every draft accepted and drafting free, {best:.2f}x at most here "
-                     f"({n} tokens per round; verifying needs a logits row per token)")
+            line += (f"\nceiling: with every draft accepted and drafting free, {meta['costs']['ceiling_speedup']:.2f}x at most "
+                     f"here ({meta['costs']['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
             click.echo(line)
     if plot:
         _plot(rows, plot)
@@ -464,7 +463,7 @@ def costs_command(as_json, **options):
     engine, _ = open_engine(options)
     with engine:
         c, exact_batch = engine.costs, engine.exact_batch
-        exact = exact_batch >= 2
+        exact = engine.exact_for(None)
         t1 = c.target_token_seconds
         auto = AutoDrafter(c, exact=exact, exact_batch=exact_batch, lookup=LookupDrafter())
         ceiling, ceiling_n = c.ceiling(exact_batch if exact else None)

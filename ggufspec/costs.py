@@ -21,6 +21,11 @@ from .backend import Context, llama_cpp_version
 MAX_BATCH = 9
 
 
+def best_rate(rates: list[tuple[float, int]]) -> tuple[float, int]:
+    """The (rate, length) pair with the highest rate; among equal rates the shortest length."""
+    return max(rates, key=lambda r: (round(r[0], 9), -r[1]))
+
+
 @dataclass
 class Costs:
     target_batch_seconds: list[float]  # [i] = seconds to decode a batch of i + 1 tokens
@@ -52,7 +57,7 @@ class Costs:
         accepted and drafting free, so a round of n tokens costs one verify of n rows."""
         t1 = self.batch_seconds(1)
         rates = [(n * t1 / self.verify_seconds(n, chunk), n) for n in range(1, len(self.target_batch_seconds) + 1)]
-        return max(rates, key=lambda r: (round(r[0], 9), -r[1]))  # ties: the shortest round
+        return best_rate(rates)
 
     @property
     def target_token_seconds(self) -> float:

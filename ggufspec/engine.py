@@ -231,6 +231,11 @@ class Engine(Closing):
         view.costs, view.exact_batch, view._owner, view._auto = None, 1, False, {}
         return view
 
+    def exact_for(self, setting: bool | None) -> bool:
+        """Whether greedy rounds verify in bit-exact chunks: as set, or by default when this
+        backend has bit-identical batches of 2 tokens or more."""
+        return setting if setting is not None else self.exact_batch >= 2
+
     @property
     def n_ctx(self) -> int:
         return self.target_ctx.n_ctx
@@ -278,7 +283,7 @@ class Engine(Closing):
         """Yield a Chunk per round; the last one carries finish_reason ("stop", "length" or "stop_string")."""
         s = _settings(settings, overrides)
         mode = s.mode
-        exact = s.exact if s.exact is not None else self.exact_batch >= 2
+        exact = self.exact_for(s.exact)
         drafter = self._drafter(mode, exact)
         if prompt_tokens is None:
             prompt_tokens = self.tokenize_prompt(prompt, messages)

@@ -36,7 +36,6 @@ class Round:
     source: str = "target"  # which drafter proposed ("target" when none did)
     ties_settled: int = 0
     tie_gaps: list[float] = field(default_factory=list)
-    draft_decoded: int = 0  # tokens the drafter ran through its own model
 
 
 def _one_hot_rows(tokens: list[int], n_vocab: int) -> np.ndarray:
@@ -76,10 +75,10 @@ def speculative_step(target: Context, drafter, history: list[int], k: int, param
     k = min(k, target.n_ctx - n_past - 1, target.n_batch - 1)
     if k < 0:
         raise ContextFullError(f"the context is full after {len(history)} tokens (n_ctx={target.n_ctx}); raise -c or lower -n")
-    draft_tokens, q, draft_seconds, source, draft_decoded = [], None, 0.0, "target", 0
+    draft_tokens, q, draft_seconds, source = [], None, 0.0, "target"
     if drafter is not None and k > 0:
         draft = drafter.propose(history, k, params, rng)
-        draft_tokens, q, draft_seconds, draft_decoded = draft.tokens[:k], draft.q, draft.seconds, draft.n_decoded
+        draft_tokens, q, draft_seconds = draft.tokens[:k], draft.q, draft.seconds
         if len(draft_tokens) < draft_min:  # too short to be worth a batch (llama.cpp's --draft-min)
             draft_tokens = []
         source = draft.source if draft_tokens else "target"
@@ -121,7 +120,7 @@ def speculative_step(target: Context, drafter, history: list[int], k: int, param
     target.truncate(n_past + n_accepted + 1)
     target_seconds = time.perf_counter() - t0
     return Round(draft_tokens[:n_accepted] + [next_token], len(draft_tokens), n_accepted,
-                 draft_seconds, target_seconds, source, ties_settled, gaps, draft_decoded)
+                 draft_seconds, target_seconds, source, ties_settled, gaps)
 
 
 def prefill(target: Context, prompt_tokens: list[int]) -> float:
