@@ -137,3 +137,7 @@ def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
     r = run("costs", "-m", tiny["target"], "-c", 256, "--refresh")
     assert r.exit_code == 0, r.output
     assert "tokens / steps" in r.output and "lookup:" in r.output
+
+
+def test_costs_with_a_missing_model_is_one_line(tmp_path):
+    assert_one_line_error(run("costs", "-m", tmp_path / "nope.gguf"), "nope.gguf", "no such file")
