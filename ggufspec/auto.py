@@ -1,10 +1,10 @@
 """Cost-aware drafting: each round, speculate only as far as it pays on this machine.
 
-Leviathan et al. (2023), section 3.4: with acceptance rate a, a draft of k tokens yields
-E(a, k) = (1 - a^(k+1)) / (1 - a) tokens per target pass. Dividing by what the round costs
-here (k draft steps plus the verify batch, from the measured cost table, chunked and cut short
-at the first rejection when verification is exact) gives expected tokens per second; k = 0 is
-plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no
+Leviathan et al. (2023), section 3.4: with acceptance rate a, a draft of n tokens yields
+E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass. Dividing by what the round costs
+here (n draft steps plus the verify batch, from the measured cost table, chunked and cut short
+at the first rejection when verification is exact; see `costs`) gives expected tokens per
+second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no
 draft, a prompt-lookup draft (its alpha tracked by how far back the match agrees with the
 history), or the draft model.
 Acceptance estimates are updated from every round, so the choice follows the text; lookup's
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from .costs import Costs, best_rate
-from .drafters import Draft, LookupDrafter, ModelDrafter
+from .costs import MARGIN, Costs
+from .drafters import Draft, Drafter, LookupDrafter, ModelDrafter
 from .sampling import SamplingParams
 
 
@@ -58,17 +58,11 @@ def lookup_bucket(agreement: int) -> int:
     return max(m for m, _ in LOOKUP_PRIORS if m <= max(1, agreement))
 
 
-def expected_tokens(a: float, k: int) -> float:
-    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
-class AutoDrafter:
+class AutoDrafter(Drafter):
     """Chooses, per round, no draft / lookup / draft model, and the draft length."""
 
     name = "auto"
-    # Speculate only for an expected gain of 3% or more: estimates of alpha are noisy, and a
-    # draft that merely breaks even costs more in variance than it gives.
-    margin = 1.03
+    margin = MARGIN
     # How far one round's timing may move a cost scale: observations are clipped to this factor.
     clip = 1.5
     # Exploration bonus on lookup's acceptance estimates (0.11 for an untried bucket, 0.02 after
@@ -87,7 +81,6 @@ class AutoDrafter:
         # match agrees with the history. A draft model of the same family agrees often.
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
         self.model_alpha = Estimate(0.7, 4.0)
-        self._last: tuple[str, int] = ("target", 0)
 
     def reset(self, prompt_tokens: list[int]) -> None:
         self.lookup.reset(prompt_tokens)
@@ -106,70 +99,63 @@ class AutoDrafter:
         """Seconds of one plain decoding step now."""
         return self.costs.batch_seconds(1) * self.target_scale
 
+    @property
+    def chunk(self) -> int | None:
+        return self.exact_batch if self.exact else None
+
     def verify_cost(self, n_rows: int, a: float) -> float:
         """Expected seconds to verify n_rows; exact mode decodes chunks and stops at a rejection."""
-        return self.costs.verify_seconds(n_rows, self.exact_batch if self.exact else None, a) * self.target_scale
+        return self.costs.verify_seconds(n_rows, self.chunk, a) * self.target_scale
 
     def _rescale(self, scale: float, observed: float, expected: float) -> float:
         ratio = min(self.clip, max(1 / self.clip, observed / (expected * scale)))
         return scale * (0.9 + 0.1 * ratio)
 
-    def rate(self, a: float, k: int, draft_step: float) -> float:
-        return expected_tokens(a, k) / (k * draft_step + self.verify_cost(k + 1, a))
+    # The cost table's speed-ups hold at the shape measured at load; the target now runs at
+    # target_scale times that, which is the same as a draft step target_scale times cheaper.
+    def rate(self, a: float, n_draft: int, draft_step: float) -> float:
+        """Expected tokens per second of a round drafting n_draft tokens now."""
+        return self.costs.speedup(a, n_draft, draft_step / self.target_scale, self.chunk) / self.step_cost
 
-    def best_length(self, a: float, draft_step: float, n_max: int = 8) -> tuple[float, int]:
+    def best_length(self, a: float, draft_step: float, draft_max: int = 8) -> tuple[float, int]:
         """(speed-up over plain decoding, draft length) of the best round at acceptance rate a."""
-        t1 = self.step_cost
-        rates = [(self.rate(a, k, draft_step) * t1, k) for k in range(1, n_max + 1)]
-        return best_rate(rates)
+        return self.costs.best_length(a, draft_step / self.target_scale, self.chunk, draft_max)
 
-    def break_even(self, draft_step: float, n_max: int = 8) -> float | None:
-        """The smallest acceptance rate at which this drafter is used at all (it must beat plain
-        decoding by the margin); None when even an always-right drafter would not be."""
-        def pays(a: float) -> bool:
-            return self.best_length(a, draft_step, n_max)[0] > self.margin
-
-        if not pays(1.0):
-            return None
-        lo, hi = 0.0, 1.0
-        for _ in range(20):
-            mid = (lo + hi) / 2
-            lo, hi = (lo, mid) if pays(mid) else (mid, hi)
-        return hi
+    def break_even(self, draft_step: float, draft_max: int = 8) -> float | None:
+        """The smallest acceptance rate at which this drafter is used at all."""
+        return self.costs.break_even(draft_step / self.target_scale, self.chunk, self.margin, draft_max)
 
     # -- the choice ---------------------------------------------------------------------------
 
-    def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
         best = ("target", 0, self.margin / self.step_cost)
-        match, agreement = self.lookup.match(history, n_max) if n_max > 0 else ([], 0)
-        bucket = lookup_bucket(agreement)
+        match, agreement = self.lookup.match(history, draft_max) if draft_max > 0 else ([], 0)
         if match:
-            a = self.lookup_alpha[bucket].optimistic(self.explore)
-            for k in range(1, len(match) + 1):
-                r = self.rate(a, k, 0.0)
+            a = self.lookup_alpha[lookup_bucket(agreement)].optimistic(self.explore)
+            for n in range(1, len(match) + 1):
+                r = self.rate(a, n, 0.0)
                 if r > best[2]:
-                    best = ("lookup", k, r)
+                    best = ("lookup", n, r)
         if self.model is not None and self.draft_cost:
             a = self.model_alpha.value
-            for k in range(1, n_max + 1):
-                r = self.rate(a, k, self.draft_cost)
+            for n in range(1, draft_max + 1):
+                r = self.rate(a, n, self.draft_cost)
                 if r > best[2]:
-                    best = ("draft", k, r)
-        source, k, _ = best
-        self._last = (source, bucket)
+                    best = ("draft", n, r)
+        source, n, _ = best
         if source == "lookup":
-            return Draft(match[:k], None, time.perf_counter() - start, 0, "lookup", {"agreement": agreement})
+            return Draft(match[:n], None, time.perf_counter() - start, "lookup", agreement)
         if source == "draft":
-            return self.model.propose(history, k, params, rng)
-        return Draft([], None, time.perf_counter() - start, 0, "target")
+            return self.model.propose(history, n, params, rng)
+        return Draft([], None, time.perf_counter() - start, "target")
 
     def observe(self, r) -> None:
         """Learn from a finished round: acceptance by source, and how fast the machine runs now."""
-        source, bucket = self._last
+        source = r.draft.source
         if r.n_drafted:
             if source == "lookup":
-                self.lookup_alpha[bucket].update(r.n_accepted, r.n_drafted)
+                self.lookup_alpha[lookup_bucket(r.draft.agreement)].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts

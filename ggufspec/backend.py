@@ -8,6 +8,7 @@ nothing per row. Every handle is freed by `close()` (or `with`), in the right or
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -17,6 +18,7 @@ import numpy as np
 
 import llama_cpp as C
 
+from . import system
 from .errors import ContextFullError, GGUFSpecError
 from .gguf_info import read_info
 
@@ -47,12 +49,88 @@ def _init_backend() -> None:
 
 
 def supports_gpu_offload() -> bool:
-    _init_backend()
-    return bool(C.llama_supports_gpu_offload())
+    """Whether layers can leave the CPU: a GPU, accelerator or RPC device is there. (llama.cpp's own
+    llama_supports_gpu_offload is true for any build with the RPC backend, devices or not.)"""
+    return any(d["type"] != "CPU" for d in devices())
 
 
 def llama_cpp_version() -> str:
     return getattr(C, "__version__", "unknown")
+
+
+def system_info() -> str:
+    """llama.cpp's own account of the build: "CPU : SSE3 = 1 | AVX = 1 | ..." per backend."""
+    _init_backend()
+    return C.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def build_features() -> list[str]:
+    features = system.build_features(system.parse_system_info(system_info()))
+    if C.llama_supports_rpc():
+        features.append("RPC")
+    return features
+
+
+@functools.cache
+def _ggml():
+    """ggml's device API (not wrapped by llama-cpp-python): the library it loaded, typed here."""
+    from llama_cpp._ggml import libggml as lib
+
+    p, s = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in [("ggml_backend_dev_count", [], s), ("ggml_backend_dev_get", [s], p),
+                            ("ggml_backend_dev_name", [p], ctypes.c_char_p),
+                            ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+                            ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
+                            ("ggml_backend_dev_type", [p], ctypes.c_int), ("ggml_backend_dev_backend_reg", [p], p),
+                            ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
+                            ("ggml_backend_buft_name", [p], ctypes.c_char_p)]:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator", 4: "meta"}
+
+
+def devices() -> list[dict]:
+    """Every ggml device llama.cpp can place layers on, with memory as it reports it."""
+    _init_backend()
+    lib, out = _ggml(), []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append({"name": lib.ggml_backend_dev_name(dev).decode(), "description": lib.ggml_backend_dev_description(dev).decode(),
+                    "type": DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
+                    "free_bytes": free.value, "total_bytes": total.value})
+    return out
+
+
+def cpu_buffer_types() -> list[str]:
+    """The CPU device's extra weight buffer types in the order llama.cpp tries them (AMX, CPU_REPACK, ...)."""
+    _init_backend()
+    lib = _ggml()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if lib.ggml_backend_dev_type(dev) != 0:
+            continue
+        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
+        if not address:
+            return []
+        get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
+        bufts, names = get(dev), []
+        for j in range(16):
+            if not bufts[j]:
+                break
+            names.append(lib.ggml_backend_buft_name(bufts[j]).decode())
+        return names
+    return []
+
+
+@functools.cache
+def machine() -> dict:
+    """This machine's identity (CPU, build features, devices, llama.cpp version) and its id."""
+    return system.describe(system.cpu_model(), build_features(), devices(), llama_cpp_version())
 
 
 def default_threads() -> int:
@@ -91,6 +169,10 @@ class Model(Closing):
         self.path = Path(path)
         self.role = role
         self.info = read_info(self.path)  # one clear line for missing, non-GGUF or truncated files
+        problem = system.amx_problem(build_features(), cpu_buffer_types(), {t.type_name for t in self.info.tensors},
+                                     llama_cpp_version())
+        if problem and not vocab_only:
+            raise GGUFSpecError(f"{self.path}: {problem}")
         if n_gpu_layers != 0 and not supports_gpu_offload() and not _state["gpu_warned"]:
             _state["gpu_warned"] = True
             print("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU", file=sys.stderr)
@@ -121,9 +203,10 @@ class Model(Closing):
 
     # -- vocabulary ---------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        """Text to token ids the way llama.cpp's tools do (BOS if the model wants it, special tokens parsed)."""
-        data = text.encode("utf-8")
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to token ids the way llama.cpp's tools do (BOS if the model wants it, special tokens parsed).
+        Bytes are tokenized as they are, as llama.cpp does with a prompt file in any encoding."""
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
         n_max = len(data) + 8
         buf = (C.llama_token * n_max)()
         n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)

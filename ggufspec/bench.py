@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
 import psutil
 
-from .engine import Engine, Stats
+from .costs import expected_tokens
+from .engine import Engine, GenerationSettings, Stats
 from .errors import GGUFSpecError
 from .sampling import top2_gap
 
 SUITES = ("code", "edit", "chat", "summarize", "fix")  # fix: not in the default run
-DRAFTING_MODES = ("speculative", "lookup", "auto")
-ALL_MODES = ("target", "draft", "speculative", "lookup", "auto")
+DRAFTING_MODES = ("draft", "lookup", "auto")
+# The engine's --mode names; draft-alone is the draft model generating by itself.
+ALL_MODES = ("target", "draft-alone", "draft", "lookup", "auto")
 
 
 @dataclass(frozen=True, eq=False)  # by identity: a prompt may hold chat messages (dicts)
@@ -49,13 +52,25 @@ def load_prompts_file(path: str | Path) -> list[Prompt]:
     """Plain text (one prompt per line) or JSONL with `prompt` or `messages` per line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as e:
         raise GGUFSpecError(f"{p}: cannot read the prompts file ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise GGUFSpecError(f"{p}: not UTF-8 at byte {e.start} (line {line}); save the prompts file as UTF-8") from None
     prompts = _parse_prompts(text, p.stem, str(p))
     if not prompts:
         raise GGUFSpecError(f"{p}: no prompts in the file")
     return prompts
+
+
+def load_prompts(prompts_file: str | None, suites: str, limit: int = 0) -> list[Prompt]:
+    """A prompts file, or the first `limit` prompts (0: all) of each named built-in suite."""
+    if prompts_file:
+        return load_prompts_file(prompts_file)
+    return [p for s in suites.split(",") if s.strip() for p in load_suite(s.strip())[:limit or None]]
 
 
 def _parse_prompts(text: str, suite: str, where: str) -> list[Prompt]:
@@ -83,7 +98,7 @@ def _parse_prompts(text: str, suite: str, where: str) -> list[Prompt]:
 class Config:
     """One row's worth of settings."""
 
-    mode: str  # target | draft | speculative | lookup
+    mode: str  # one of ALL_MODES
     draft_max: int | None = None
 
     @property
@@ -112,16 +127,30 @@ class BenchSettings:
     ignore_eos: bool = True
     generation: dict = field(default_factory=dict)  # temperature, seed, top_k, ... for every run
 
+    @property
+    def greedy(self) -> bool:
+        return (self.generation.get("temperature") or 0.0) <= 0.0
+
+    def validate(self) -> "BenchSettings":
+        """Every bad value in one line, before anything runs."""
+        if self.repeats < 1 or self.warmup < 0:
+            raise GGUFSpecError("--repeats must be at least 1 and --warmup at least 0")
+        if not self.draft_max or min(self.draft_max) < 1:
+            raise GGUFSpecError(f"--draft-max values must be at least 1 (got {self.draft_max})")
+        for mode in self.modes:
+            if mode not in ALL_MODES:
+                raise GGUFSpecError(f"--modes: unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
+        GenerationSettings(max_tokens=self.max_tokens, draft_max=max(self.draft_max), **self.generation).validate()
+        return self
+
 
 def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
     configs = []
     for mode in settings.modes:
-        if mode not in ALL_MODES:
-            raise GGUFSpecError(f"--modes: unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
-        if mode in ("draft", "speculative") and not has_draft:
+        if mode in ("draft", "draft-alone") and not has_draft:
             continue
         if mode in DRAFTING_MODES:
-            configs += [Config(mode, k) for k in settings.draft_max]
+            configs += [Config(mode, n) for n in settings.draft_max]
         else:
             configs.append(Config(mode))
     if not any(c.mode == "target" for c in configs):
@@ -149,55 +178,63 @@ def prompt_text(engine: Engine, prompt: Prompt) -> str:
 
 def run_one(engine: Engine, config: Config, tokens: list[int], settings: BenchSettings):
     kw = dict(settings.generation, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos)
-    if config.mode == "target":
-        return engine.generate(prompt_tokens=tokens, mode="target", **kw)
-    if config.mode == "draft":
-        return engine.draft_alone().generate(prompt_tokens=tokens, mode="target", **kw)
-    mode = "draft" if config.mode == "speculative" else config.mode
-    return engine.generate(prompt_tokens=tokens, mode=mode, draft_max=config.draft_max, **kw)
+    if config.draft_max:
+        kw["draft_max"] = config.draft_max
+    return engine.generate(prompt_tokens=tokens, mode=config.mode, **kw)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a benchmark is: runs done of total, what just ran, and an estimate of what is left."""
+
+    done: int
+    total: int
+    config: Config
+    prompt: Prompt
+    elapsed: float
+
+    @property
+    def seconds_left(self) -> float:
+        return self.elapsed / self.done * (self.total - self.done) if self.done else 0.0
 
 
 def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: list[Run], progress=None) -> list[Run]:
-    """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done)."""
+    """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done);
+    `progress(Progress)` after each (warm-up runs count in the total)."""
     configs = plan(settings, engine.draft_model is not None)
     tokenized = [(p, prompt_tokens(engine, p)) for p in prompts]
     proc = psutil.Process()
+    total = len(configs) * (settings.warmup + settings.repeats * len(prompts))
+    start, done = time.perf_counter(), 0
+
+    def one(config, prompt, tokens):
+        nonlocal done
+        result = run_one(engine, config, tokens, settings)
+        done += 1
+        if progress:
+            progress(Progress(done, total, config, prompt, time.perf_counter() - start))
+        return result
+
     for _ in range(settings.warmup):  # caches, page faults, thread pools: not counted
         for config in configs:
-            run_one(engine, config, tokenized[0][1], settings)
+            one(config, tokenized[0][0], tokenized[0][1])
     # Configurations take turns on each prompt, so a machine that speeds up or slows down
     # during the run (other load, clocks) moves every row alike instead of favouring one.
     for repeat in range(settings.repeats):
         for prompt, tokens in tokenized:
             for config in configs:
-                result = run_one(engine, config, tokens, settings)
+                result = one(config, prompt, tokens)
                 runs.append(Run(config, prompt, repeat, result.tokens, result.text, result.stats, proc.memory_info().rss))
-                if progress:
-                    progress(1)
     return runs
-
-
-def total_runs(settings: BenchSettings, n_prompts: int, has_draft: bool) -> int:
-    return len(plan(settings, has_draft)) * settings.repeats * n_prompts
 
 
 # --- rows ----------------------------------------------------------------------------------
 
 
-def predicted_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
-    """Leviathan et al. (2023), eq. 1: expected tokens per round over the round's cost in target steps."""
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * cost_ratio + 1)
-
-
-def predicted_with_costs(alpha: float, gamma: int, engine: Engine, draft_cost: float, exact: bool) -> float | None:
-    """The same expectation, but with the verify batch's measured cost instead of one step's."""
-    costs = engine.costs
-    if costs is None:
-        return None
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    verify = costs.verify_seconds(gamma + 1, engine.exact_batch if exact else None)
-    return tokens * costs.target_token_seconds / (gamma * draft_cost + verify)
+def predicted_speedup(alpha: float, draft_max: int, cost_ratio: float) -> float:
+    """Leviathan et al. (2023), eq. 1: expected tokens per round over the round's cost in target
+    steps, a verify batch costing one step (the paper's assumption)."""
+    return expected_tokens(alpha, draft_max) / (draft_max * cost_ratio + 1)
 
 
 def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], position: int) -> float:
@@ -216,8 +253,8 @@ def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], posi
 
 def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "all") -> list[dict]:
     """Aggregate runs into rows: one per configuration (and per suite or prompt if asked)."""
-    greedy = settings.generation.get("temperature", 0) in (0, None)
     exact = engine.exact_for(settings.generation.get("exact"))
+    chunk = engine.exact_batch if exact else None
     reference = {(r.prompt, r.repeat): r for r in runs if r.config.mode == "target"}
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
@@ -249,7 +286,7 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             "identical_to_target": None, "divergence": None,
             "predicted_speedup": None, "predicted_speedup_costs": None,
         }
-        if greedy and config.mode not in ("target", "draft"):
+        if settings.greedy and config.mode not in ("target", "draft-alone"):
             row["identical_to_target"] = True
             for r in rs:
                 ref = reference.get((r.prompt, r.repeat))
@@ -259,10 +296,10 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
                     if row["divergence"] is None:
                         row["divergence"] = {"prompt": r.prompt.label, "token": pos}
         if alpha is not None and config.draft_max and costs is not None and config.mode != "auto":
-            draft_cost = costs.draft_token_seconds if config.mode == "speculative" else 0.0
-            ratio = (draft_cost or 0.0) / costs.target_token_seconds
-            row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, ratio)
-            row["predicted_speedup_costs"] = predicted_with_costs(alpha, config.draft_max, engine, draft_cost or 0.0, exact)
+            draft_cost = (costs.draft_token_seconds if config.mode == "draft" else 0.0) or 0.0
+            row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, draft_cost / costs.target_token_seconds)
+            # the same expectation with the verify batch's measured cost instead of one step's
+            row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, chunk)
         out.append(row)
     return out
 
@@ -301,3 +338,88 @@ def save_outputs(runs: list[Run], folder: str | Path) -> None:
         parts = [f"# {prompt.label}\n\n## prompt\n\n{prompt.text or json.dumps(list(prompt.messages))}\n"]
         parts += [f"## {label}\n\n{text}\n" for label, text in texts.items()]
         (folder / f"{prompt.label}.md").write_text("\n".join(parts))
+
+
+# --- the whole benchmark -------------------------------------------------------------------
+
+
+@dataclass
+class BenchResult:
+    rows: list[dict]
+    meta: dict
+    interrupted: bool = False
+
+
+def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str = "all", draft_max_given: bool = True,
+              llama_cpp_bin: str | None = None, outputs_dir: str | None = None, progress=None) -> BenchResult:
+    """Load the models (once per -ngl value of a sweep), run every configuration, return rows and metadata.
+
+    load: a models.LoadOptions; its n_gpu_layers may be a list (a sweep: a row set per value).
+    draft_max_given: False lets a pair's recommended draft length replace settings.draft_max.
+    llama_cpp_bin: a folder with llama.cpp's llama-bench and llama-speculative-simple, for reference
+    rows on the same work (greedy, fixed length). Ctrl-C keeps the finished runs (interrupted=True).
+    """
+    settings.validate()
+    if llama_cpp_bin and (not settings.ignore_eos or not settings.greedy):
+        raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
+    sweep = load.n_gpu_layers if isinstance(load.n_gpu_layers, list) else [load.n_gpu_layers]
+    rows, meta, interrupted = [], {}, False
+    for ngl in sweep:
+        with_ngl = replace(load, n_gpu_layers=ngl, use_default=True)
+        part, meta, interrupted = _bench_one(with_ngl, prompts, settings, by, draft_max_given, llama_cpp_bin,
+                                             outputs_dir, progress)
+        if len(sweep) > 1:
+            for r in part:
+                r["n_gpu_layers"] = ngl
+                r["label"] = f"{r['label']} (ngl {ngl})"
+        rows += part
+        if interrupted:
+            break
+    if len(sweep) > 1:
+        meta["n_gpu_layers"] = sweep
+    return BenchResult(rows, meta, interrupted)
+
+
+def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llama_cpp_bin, outputs_dir, progress):
+    from .models import open_engine
+    from .reference import llama_bench, reference_rows
+
+    engine, pair_defaults = open_engine(load)
+    with engine:
+        pair_settings = dict(pair_defaults.get("settings", {}))
+        pair_settings.pop("mode", None)
+        pair_draft_max = pair_settings.pop("draft_max", None)
+        settings = replace(settings, generation={**pair_settings, **settings.generation})
+        if not settings.greedy:
+            settings = replace(settings, generation={"seed": 0, **settings.generation})  # sampled runs use fixed seeds
+        if pair_draft_max and not draft_max_given:
+            settings = replace(settings, draft_max=(int(pair_draft_max),))  # the pair's recommended draft length
+        settings.validate()
+        before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, settings.max_tokens,
+                             engine.target_ctx.n_threads) if llama_cpp_bin else None
+        runs: list[Run] = []
+        interrupted = False
+        try:
+            run(engine, prompts, settings, runs, progress=progress)
+        except KeyboardInterrupt:
+            interrupted = True
+        out = rows(runs, engine, settings, by=by)
+        explain_divergences(out, runs, engine)
+        if llama_cpp_bin and not interrupted:
+            target_runs = [r for r in runs if r.config.mode == "target"]  # over all prompts, whatever the grouping
+            out += reference_rows(llama_cpp_bin, engine, [prompt_text(engine, p) for p in prompts], settings.max_tokens,
+                                  settings.draft_max, tps(target_runs)[0] if target_runs else None,
+                                  llama_bench_before=before)
+        if outputs_dir:
+            save_outputs(runs, outputs_dir)
+        exact = engine.exact_for(settings.generation.get("exact"))
+        meta = {
+            "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
+            "draft": str(engine.draft_model.path) if engine.draft_model else None,
+            "n_prompts": len(prompts), "max_tokens": settings.max_tokens, "repeats": settings.repeats,
+            "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
+            "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch, "exact": exact,
+            "costs": engine.costs.report(engine.exact_batch if exact else None) if engine.costs else None,
+            "interrupted": interrupted,
+        }
+    return out, meta, interrupted

@@ -1,9 +1,14 @@
-"""What a decode costs on this machine, and which batch sizes are bit-exact.
+"""What a decode costs on this machine, which batch sizes are bit-exact, and what pays.
 
-Measured once per (model file, threads, offload, llama.cpp version) and remembered in the cache
+Measured once per (model file, threads, offload, machine) and remembered in the cache
 directory: target decode time for batches of 1..max_batch tokens, the draft's time per token,
-and the largest batch whose logits equal one-token decoding bit for bit. The auto drafting
-mode plans with these numbers (Leviathan et al. 2023, section 3.4).
+and the largest batch whose logits equal one-token decoding bit for bit. The machine is named
+by its CPU, the features this llama.cpp build uses, its devices and its version, so a cache
+shared between machines (an NFS home, a copied image) never hands one machine another's costs.
+
+From these numbers and Leviathan et al. (2023, section 3.4): with acceptance rate a, a draft of
+n tokens yields E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass; over what the round
+costs here, that is the speed-up over plain decoding that the auto mode plans with.
 """
 
 from __future__ import annotations
@@ -12,13 +17,21 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .backend import Context, llama_cpp_version
+from .backend import Context, machine
+from .paths import costs_file
 
 MAX_BATCH = 9
+# Speculate only for an expected gain of 3% or more: estimates of alpha are noisy, and a
+# draft that merely breaks even costs more in variance than it gives.
+MARGIN = 1.03
+
+
+def expected_tokens(alpha: float, n_draft: int) -> float:
+    """Leviathan et al. (2023), eq. 1: expected tokens per target pass from a draft of n_draft."""
+    return float(n_draft + 1) if alpha >= 1.0 else (1.0 - alpha ** (n_draft + 1)) / (1.0 - alpha)
 
 
 def best_rate(rates: list[tuple[float, int]]) -> tuple[float, int]:
@@ -62,6 +75,47 @@ class Costs:
     @property
     def target_token_seconds(self) -> float:
         return self.target_batch_seconds[0]
+
+    def speedup(self, alpha: float, n_draft: int, draft_step: float, chunk: int | None = None) -> float:
+        """Expected speed-up over plain decoding of rounds drafting n_draft tokens at draft_step
+        seconds each, verified in one batch or in chunks of `chunk`."""
+        seconds = n_draft * draft_step + self.verify_seconds(n_draft + 1, chunk, alpha)
+        return expected_tokens(alpha, n_draft) * self.target_token_seconds / seconds
+
+    def best_length(self, alpha: float, draft_step: float, chunk: int | None = None,
+                    draft_max: int = 8) -> tuple[float, int]:
+        """(speed-up, draft length) of the best round at acceptance rate alpha."""
+        return best_rate([(self.speedup(alpha, n, draft_step, chunk), n) for n in range(1, draft_max + 1)])
+
+    def break_even(self, draft_step: float, chunk: int | None = None, margin: float = MARGIN,
+                   draft_max: int = 8) -> float | None:
+        """The smallest acceptance rate at which drafting beats plain decoding by `margin`;
+        None when even an always-right drafter would not."""
+        def pays(a: float) -> bool:
+            return self.best_length(a, draft_step, chunk, draft_max)[0] > margin
+
+        if not pays(1.0):
+            return None
+        lo, hi = 0.0, 1.0
+        for _ in range(20):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if pays(mid) else (mid, hi)
+        return hi
+
+    def report(self, chunk: int | None) -> dict:
+        """The ceiling, and for each kind of drafter where it starts to pay (`ggufspec costs`)."""
+        ceiling, ceiling_n = self.ceiling(chunk)
+        steps = {"lookup": 0.0}
+        if self.draft_token_seconds:
+            steps["draft model"] = self.draft_token_seconds
+        drafters = {}
+        for name, step in steps.items():
+            best, n = self.best_length(1.0, step, chunk)
+            drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, chunk),
+                              "speedup_if_always_right": best, "draft_max_if_always_right": n}
+        return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
+                "exact_batch": self.exact_batch, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
+                "drafters": drafters}
 
 
 def _probe_tokens(ctx: Context, n: int) -> list[int]:
@@ -121,26 +175,23 @@ def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
     return best
 
 
-def _cache_file() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("GGUFSPEC_COSTS_FILE") or base / "ggufspec" / "costs.json")
-
-
 def _key(ctx: Context) -> str:
     m = ctx.model
     st = m.path.stat()
-    return f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|llama.cpp {llama_cpp_version()}"
+    return f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|machine {machine()['id']}"
 
 
-def _load_cache() -> dict:
+def load_cache() -> dict:
+    """Every cached entry, this machine's and others' (keys end in `machine <id>`)."""
     try:
-        return json.loads(_cache_file().read_text())
+        data = json.loads(costs_file().read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _save_cache(data: dict) -> None:
-    path = _cache_file()
+    path = costs_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
@@ -152,19 +203,19 @@ def _save_cache(data: dict) -> None:
 
 def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False) -> Costs:
     """The costs of this target (and draft), from the cache or measured now."""
-    cache = _load_cache()
+    cache = load_cache()
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
     if entry is None:
         seconds, exact = measure_target(target)
-        entry = {"target_batch_seconds": seconds, "exact_batch": exact}
+        entry = {"target_batch_seconds": seconds, "exact_batch": exact, "machine": machine()["summary"]}
         cache[tkey] = entry
     draft_seconds = None
     if draft is not None:
         dkey = _key(draft) + "|draft"
         d = None if refresh else cache.get(dkey)
         if d is None:
-            d = {"token_seconds": measure_draft_step(draft)}
+            d = {"token_seconds": measure_draft_step(draft), "machine": machine()["summary"]}
             cache[dkey] = d
         draft_seconds = d["token_seconds"]
     _save_cache(cache)

@@ -1,15 +1,16 @@
-"""Candidate generators: where draft tokens come from.
+"""Candidate generators: where draft tokens come from, behind one small interface.
 
-Each drafter answers `propose(history, n_max, params, rng) -> Draft`. `history` is every token
+A drafter answers `propose(history, draft_max, params, rng) -> Draft`. `history` is every token
 so far (prompt + output, ending with the last accepted token, which no model has seen yet).
-A drafter keeps whatever state it needs in step with `history` itself; the loop never tells
-it what was accepted, because the next history says so.
+After the target has verified a draft, the loop calls `observe(round)`: the round carries the
+`Draft` the drafter returned and how many of its tokens were accepted, so whatever a drafter
+wants to learn travels with its own proposal. `reset(prompt_tokens)` starts a generation.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,12 +23,27 @@ class Draft:
     tokens: list[int]
     q: list[np.ndarray] | None = None  # distributions the tokens were drawn from; None = one-hot (deterministic)
     seconds: float = 0.0
-    n_decoded: int = 0  # tokens the drafter ran through its own model this round
-    source: str = ""
-    extra: dict = field(default_factory=dict)
+    source: str = "target"  # which drafter proposed ("target": none did)
+    agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
 
 
-class ModelDrafter:
+class Drafter:
+    """The interface, with no-op defaults: a drafter that never proposes anything."""
+
+    name = "target"
+
+    def reset(self, prompt_tokens: list[int]) -> None:
+        """A new generation starts from these prompt tokens."""
+
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Up to draft_max tokens that may follow `history`."""
+        return Draft([])
+
+    def observe(self, round_) -> None:
+        """The target verified this drafter's proposal: `round_.draft` and `round_.n_accepted`."""
+
+
+class ModelDrafter(Drafter):
     """Drafts with a small model whose KV cache follows the accepted history (never re-evaluated)."""
 
     name = "draft"
@@ -61,16 +77,15 @@ class ModelDrafter:
             del self.kv_tokens[i:]
         return history[i:]
 
-    def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
-        n_max = min(n_max, self.ctx.n_ctx - len(history))
-        if n_max <= 0:
-            return Draft([], None, 0.0, 0, self.name)
+        draft_max = min(draft_max, self.ctx.n_ctx - len(history))
+        if draft_max <= 0:
+            return Draft([], source=self.name)
         pending = self._sync(history)
         logits = self.ctx.decode(pending, logits="last")[0]
         self.kv_tokens.extend(pending)
         self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
-        n_decoded = len(pending)
         tokens: list[int] = []
         qs: list[np.ndarray] | None = None if params.greedy else []
         while True:
@@ -85,15 +100,14 @@ class ModelDrafter:
                 x = sample(q, rng)
                 qs.append(q)
             tokens.append(x)
-            if len(tokens) >= n_max:
+            if len(tokens) >= draft_max:
                 break
             logits = self.ctx.decode([x], logits="last")[0]
             self.kv_tokens.append(x)
-            n_decoded += 1
-        return Draft(tokens, qs, time.perf_counter() - start, n_decoded, self.name)
+        return Draft(tokens, qs, time.perf_counter() - start, self.name)
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Prompt lookup: find an earlier occurrence of the history's last n tokens and propose
     what followed it. No second model; costs microseconds. The index is incremental.
 
@@ -134,7 +148,7 @@ class LookupDrafter:
             m += 1
         return m
 
-    def match(self, history: list[int], n_max: int) -> tuple[list[int], int]:
+    def match(self, history: list[int], draft_max: int) -> tuple[list[int], int]:
         """(continuation tokens, length of the agreement before it); ([], 0) when nothing matches."""
         self._extend_index(history)
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
@@ -143,11 +157,11 @@ class LookupDrafter:
             seen = self._index[n].get(tuple(history[-n:]))
             if seen:
                 m, j = max((self._agreement(history, j), j) for j in seen)  # ties: the latest
-                return list(history[j + 1 : j + 1 + n_max]), m
+                return list(history[j + 1 : j + 1 + draft_max]), m
         return [], 0
 
-    def propose(self, history: list[int], n_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         start = time.perf_counter()
-        tokens, m = self.match(history, n_max) if n_max > 0 else ([], 0)
+        tokens, m = self.match(history, draft_max) if draft_max > 0 else ([], 0)
         # A deterministic drafter: q is one-hot on each proposal, which the loop builds (q=None).
-        return Draft(tokens, None, time.perf_counter() - start, 0, self.name, {"agreement": m})
+        return Draft(tokens, None, time.perf_counter() - start, self.name, m)

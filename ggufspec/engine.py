@@ -12,35 +12,36 @@ benchmark are both thin consumers of `stream`.
 from __future__ import annotations
 
 import codecs
+import copy
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Iterator
 
 import numpy as np
 
-from .backend import Closing, Context, Model, set_verbose
 from .auto import AutoDrafter
+from .backend import Closing, Context, Model, set_verbose
 from .compat import check_compatible
 from .costs import costs_for
-from .drafters import LookupDrafter, ModelDrafter
-from .errors import ContextFullError, GGUFSpecError
+from .drafters import Drafter, LookupDrafter, ModelDrafter
+from .errors import GGUFSpecError
 from .sampling import SamplingParams
-from .speculative import DEFAULT_TIE_MARGIN, prefill, speculative_step
+from .speculative import DEFAULT_TIE_MARGIN, Verification, prefill, rounds
 
-MODES = ("auto", "target", "draft", "lookup")
+# auto: per round, whatever pays (no draft / lookup / draft model); draft: the draft model;
+# lookup: prompt n-grams; target: no drafting; draft-alone: the draft model generating by
+# itself (a baseline for the benchmark: its text is the draft's, not the target's).
+MODES = ("auto", "target", "draft", "lookup", "draft-alone")
 
 
 @dataclass(frozen=True)
-class GenerationSettings:
-    """Everything that shapes one generation. `validate()` names the flag of a bad value."""
+class GenerationSettings(SamplingParams):
+    """Everything that shapes one generation (the sampling fields included). `validate()` names
+    the flag of a bad value."""
 
     max_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
     seed: int | None = None
-    mode: str = "auto"  # auto (cost-aware: none / lookup / draft model per round), draft, lookup, target
+    mode: str = "auto"
     draft_max: int = 4
     draft_min: int = 0
     draft_p_min: float = 0.0
@@ -53,7 +54,7 @@ class GenerationSettings:
 
     def validate(self) -> "GenerationSettings":
         checks = [
-            (self.max_tokens >= 1, f"-n/--max-tokens must be at least 1 (got {self.max_tokens})"),
+            (self.max_tokens >= 1, f"-n/--n-predict must be at least 1 (got {self.max_tokens})"),
             (self.temperature >= 0, f"--temp must be >= 0 (got {self.temperature})"),
             (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}; 0 turns it off)"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p})"),
@@ -70,10 +71,6 @@ class GenerationSettings:
             if not ok:
                 raise GGUFSpecError(message)
         return self
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
 @dataclass
@@ -144,13 +141,16 @@ class Stats:
         return line
 
 
-@dataclass
+@dataclass(frozen=True)
 class Chunk:
-    """One round's worth of output, as `stream` yields it."""
+    """One round's worth of output, as `stream` yields it: a fresh value each round."""
 
     text: str
     tokens: list[int]
-    stats: Stats
+    source: str  # which drafter this round's tokens came through ("target": none)
+    n_drafted: int
+    n_accepted: int
+    stats: Stats  # running totals up to and including this round (a copy: later rounds do not change it)
     finish_reason: str | None = None
 
 
@@ -220,21 +220,17 @@ class Engine(Closing):
         self.lookup_drafter = LookupDrafter()
         self._auto: dict[bool, AutoDrafter] = {}
 
-    def draft_alone(self) -> "Engine":
-        """The draft model as a target of its own (for draft-only baselines); shares this engine's handles."""
-        if self.draft_model is None:
-            raise GGUFSpecError("there is no draft model to run alone")
-        view = object.__new__(Engine)
-        view.target_model, view.target_ctx = self.draft_model, self.draft_ctx
-        view.draft_model = view.draft_ctx = view.model_drafter = None
-        view.lookup_drafter = LookupDrafter()
-        view.costs, view.exact_batch, view._owner, view._auto = None, 1, False, {}
-        return view
-
     def exact_for(self, setting: bool | None) -> bool:
         """Whether greedy rounds verify in bit-exact chunks: as set, or by default when this
         backend has bit-identical batches of 2 tokens or more."""
         return setting if setting is not None else self.exact_batch >= 2
+
+    def cost_report(self) -> dict:
+        """What `ggufspec costs` prints: the measured table, the ceiling, where each drafter pays."""
+        exact = self.exact_for(None)
+        return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
+                "threads": self.target_ctx.n_threads, "exact": exact,
+                **self.costs.report(self.exact_batch if exact else None)}
 
     @property
     def n_ctx(self) -> int:
@@ -242,8 +238,9 @@ class Engine(Closing):
 
     # -- prompts ------------------------------------------------------------------------------
 
-    def tokenize_prompt(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
-        """Prompt text (tokenized as llama.cpp does) or chat messages (through the GGUF's template)."""
+    def tokenize_prompt(self, prompt: str | bytes | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Prompt text or bytes (tokenized as llama.cpp does: bytes as they are, whatever their
+        encoding) or chat messages (through the GGUF's template)."""
         if (prompt is None) == (messages is None):
             raise GGUFSpecError("give exactly one of a prompt or chat messages")
         tokens = self.target_model.tokenize_chat(messages) if messages is not None else self.target_model.tokenize(prompt)
@@ -260,7 +257,7 @@ class Engine(Closing):
 
     # -- generation ---------------------------------------------------------------------------
 
-    def _drafter(self, mode: str, exact: bool):
+    def _drafter(self, mode: str, exact: bool) -> Drafter | None:
         if mode == "auto":
             if self.costs is None:
                 raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
@@ -269,56 +266,41 @@ class Engine(Closing):
                 self._auto[exact] = AutoDrafter(self.costs, exact=exact, exact_batch=self.exact_batch,
                                                 lookup=self.lookup_drafter, model=self.model_drafter)
             return self._auto[exact]
-        if mode == "draft":
-            if self.model_drafter is None:
-                raise GGUFSpecError("mode 'draft' needs a draft model (-md DRAFT)")
-            return self.model_drafter
-        if mode == "lookup":
-            return self.lookup_drafter
-        return None
+        if mode in ("draft", "draft-alone") and self.model_drafter is None:
+            raise GGUFSpecError(f"mode '{mode}' needs a draft model (-md DRAFT)")
+        return {"draft": self.model_drafter, "lookup": self.lookup_drafter}.get(mode)
 
-    def stream(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+    def stream(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,
                **overrides) -> Iterator[Chunk]:
         """Yield a Chunk per round; the last one carries finish_reason ("stop", "length" or "stop_string")."""
         s = _settings(settings, overrides)
-        mode = s.mode
         exact = self.exact_for(s.exact)
-        drafter = self._drafter(mode, exact)
+        drafter = self._drafter(s.mode, exact)
         if prompt_tokens is None:
             prompt_tokens = self.tokenize_prompt(prompt, messages)
         else:
             self._check_prompt(prompt_tokens)
-        params = s.sampling
-        rng = np.random.default_rng(s.seed)
+        model, ctx = (self.draft_model, self.draft_ctx) if s.mode == "draft-alone" else (self.target_model, self.target_ctx)
         if self.model_drafter:
             self.model_drafter.p_min = s.draft_p_min
-        stats = Stats(mode=mode, n_prompt=len(prompt_tokens))
+        stats = Stats(mode=s.mode, n_prompt=len(prompt_tokens))
         start = time.perf_counter()
-        prefill(self.target_ctx, prompt_tokens)
+        prefill(ctx, prompt_tokens)
         if drafter is not None:
             drafter.reset(prompt_tokens)
         stats.prompt_seconds = time.perf_counter() - start
 
-        history = list(prompt_tokens)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text, n_out, emitted, finish = "", 0, 0, None
-        eog = self.target_model.eog_mask
+        text, emitted, finish = "", 0, None
+        eog = model.eog_mask
         hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
+        verification = Verification(self.exact_batch if ctx is self.target_ctx else 1, exact, s.tie_margin)
         gen_start = time.perf_counter()
-        while finish is None:
-            if len(history) > self.n_ctx:  # the last token sits at position len - 1, which must exist
-                raise ContextFullError(
-                    f"the context filled up after {n_out} generated tokens (prompt {len(prompt_tokens)}, "
-                    f"n_ctx={self.n_ctx}); raise -c or lower -n", history[len(prompt_tokens):])
-            # A round always ends with one token of the target's own: draft at most one fewer than remain.
-            k = min(s.draft_max, s.max_tokens - n_out - 1) if drafter is not None else 0
-            r = speculative_step(self.target_ctx, drafter, history, k, params, rng, tie_margin=s.tie_margin,
-                                 draft_min=s.draft_min, exact_batch=self.exact_batch, exact=exact)
+        for r in rounds(ctx, drafter, prompt_tokens, s, np.random.default_rng(s.seed), max_tokens=s.max_tokens,
+                        draft_max=s.draft_max if drafter is not None else 0, draft_min=s.draft_min,
+                        verification=verification):
             stats.add(r)
-            if hasattr(drafter, "observe"):
-                drafter.observe(r)
-            history.extend(r.tokens)
             new_tokens = []
             for t in r.tokens:
                 if eog[t] and not s.ignore_eos:
@@ -326,16 +308,15 @@ class Engine(Closing):
                     break
                 new_tokens.append(t)
                 before = len(text)
-                text += decoder.decode(self.target_model.token_to_piece(t))
+                text += decoder.decode(model.token_to_piece(t))
                 cut = _find_stop(text, s.stop, before)
                 if cut >= 0:
                     text, finish = text[:cut], "stop_string"
                     break
-                if n_out + len(new_tokens) >= s.max_tokens:
+                if stats.n_generated + len(new_tokens) >= s.max_tokens:
                     finish = "length"
                     break
-            n_out += len(new_tokens)
-            stats.n_generated = n_out
+            stats.n_generated += len(new_tokens)
             stats.generation_seconds = time.perf_counter() - gen_start
             if finish is None:
                 upto = max(emitted, len(text) - hold)
@@ -343,10 +324,12 @@ class Engine(Closing):
                 if finish != "stop_string":
                     text += decoder.decode(b"", final=True)
                 upto = len(text)
-            yield Chunk(text[emitted:upto], new_tokens, stats, finish)
+            yield Chunk(text[emitted:upto], new_tokens, r.source, r.n_drafted, r.n_accepted, copy.deepcopy(stats), finish)
             emitted = upto
+            if finish is not None:
+                return
 
-    def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+    def generate(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                  prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,
                  **overrides) -> Result:
         """Generate to completion; returns text, generated token ids, stats and why it stopped."""
@@ -361,8 +344,6 @@ class Engine(Closing):
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        if not getattr(self, "_owner", True):
-            return  # a view (draft_alone) does not own the handles
         for name in ("draft_ctx", "draft_model", "target_ctx", "target_model"):
             obj = getattr(self, name, None)
             if obj is not None:

@@ -14,23 +14,8 @@ import os
 from pathlib import Path
 
 from .errors import GGUFSpecError
+from .paths import hub_cache_dir, models_dir
 from .registry import ModelSpec
-
-
-def models_dir() -> Path:
-    env = os.environ.get("GGUFSPEC_MODELS_DIR")
-    if env:
-        return Path(env)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "ggufspec" / "models"
-
-
-def hub_cache_dir() -> Path:
-    """huggingface_hub's cache, read from the environment now (the library reads it once at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
-    return Path(home) / "hub"
 
 
 def is_offline(offline: bool = False) -> bool:

@@ -1,12 +1,34 @@
-"""From what the user typed (a pair name, model names, or paths) to GGUF files on disk."""
+"""From what the user typed (a pair name, model names, or paths) to GGUF files on disk, and to a
+loaded `Engine`: the one place that resolves names, plans offload and opens models."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import GGUFSpecError
 from .hub import ensure_model, local_path
+from .paths import models_dir
 from .registry import PairSpec, Registry, load_registry
+
+
+@dataclass
+class LoadOptions:
+    """Which models to load and how (the CLI's shared model flags)."""
+
+    pair: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    n_gpu_layers: int | str | None = None  # N, "all", "auto"; None: the pair's default, else auto
+    draft_n_gpu_layers: int | str | None = None
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    registry: str | None = None
+    offline: bool = False
+    verbose: bool = False
+    remeasure: bool = False
+    use_default: bool = False  # no pair and no -m: the registry's default pair
 
 
 def looks_like_path(text: str) -> bool:
@@ -20,27 +42,30 @@ def resolve_model(name_or_path: str, registry: Registry, *, offline: bool = Fals
     return ensure_model(registry.model(name_or_path), offline=offline)
 
 
-def resolve_models(pair: str | None, target: str | None, draft: str | None, *, registry=None, offline: bool = False,
-                   use_default: bool = False) -> tuple[Path, Path | None, dict]:
-    """Return (target path, draft path or None, the pair's defaults: settings and offload)."""
+def pair_names(pair: str | None, target: str | None, draft: str | None, reg: Registry, *,
+               use_default: bool = False) -> tuple[str, str | None, PairSpec | None]:
+    """(target name or path, draft name or path or None, the pair's spec if a pair was named)."""
     if pair is not None and target is not None:
         raise GGUFSpecError("give a pair name or -m TARGET, not both")
-    reg = load_registry(registry)
     if pair is None and target is None:
         if not use_default or not reg.default_pair:
             raise GGUFSpecError("name a pair (see `ggufspec models list`) or give -m TARGET (and -md DRAFT)")
         pair = reg.default_pair
-    defaults: dict = {}
+    if pair is not None and looks_like_path(pair):
+        return pair, draft, None
     if pair is not None:
-        if looks_like_path(pair):
-            target = pair
-        else:
-            spec = reg.pair(pair)
-            target, draft = spec.target, draft or spec.draft
-            defaults = pair_defaults(spec)
-    target_path = resolve_model(target, reg, offline=offline)
-    draft_path = resolve_model(draft, reg, offline=offline) if draft else None
-    return target_path, draft_path, defaults
+        spec = reg.pair(pair)
+        return spec.target, draft or spec.draft, spec
+    return target, draft, None
+
+
+def resolve_models(pair: str | None, target: str | None, draft: str | None, *, registry=None, offline: bool = False,
+                   use_default: bool = False) -> tuple[Path, Path | None, dict]:
+    """Return (target path, draft path or None, the pair's defaults: settings and offload)."""
+    reg = load_registry(registry)
+    target, draft, spec = pair_names(pair, target, draft, reg, use_default=use_default)
+    defaults = pair_defaults(spec) if spec else {}
+    return resolve_model(target, reg, offline=offline), resolve_model(draft, reg, offline=offline) if draft else None, defaults
 
 
 def pair_defaults(spec: PairSpec) -> dict:
@@ -52,6 +77,89 @@ def pair_defaults(spec: PairSpec) -> dict:
     return out
 
 
+def open_engine(o: LoadOptions):
+    """Resolve names, plan offload, load the models: (Engine, the pair's defaults)."""
+    from .engine import Engine
+    from .offload import resolve_layers
+
+    target, draft, defaults = resolve_models(o.pair, o.target, o.draft, registry=o.registry, offline=o.offline,
+                                             use_default=o.use_default)
+
+    def layers(key):
+        value = getattr(o, key)
+        if isinstance(value, list):
+            raise GGUFSpecError("a comma list of layer counts is a sweep: use it with `ggufspec bench`")
+        return value if value is not None else defaults.get(key, "auto")
+
+    ngl, ngld = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx)
+    engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
+                    draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure)
+    return engine, defaults
+
+
+def plan_offload(pair: str | None, target: str | None, draft: str | None, *, registry=None, vram_bytes: int,
+                 ram_bytes: int, n_ctx: int):
+    """The offload plan for a pair or models, from their GGUF files or, not downloaded, their registry entries."""
+    from .offload import plan, sizes_for
+
+    reg = load_registry(registry)
+    target, draft, _ = pair_names(pair, target, draft, reg)
+
+    def sizes(name):
+        if looks_like_path(name):
+            return sizes_for(name)
+        spec = reg.model(name)
+        return sizes_for(local_path(spec) or spec)
+
+    return plan(sizes(target), sizes(draft) if draft else None, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx)
+
+
 def status(registry: Registry) -> dict:
     """Where each registry model is on this machine (None if not here), for `models list`."""
     return {name: local_path(spec) for name, spec in registry.models.items()}
+
+
+def listing(registry=None) -> dict:
+    """Pairs and models of the registry, and which are on this machine (`ggufspec models list`)."""
+    reg = load_registry(registry)
+    where = status(reg)
+    models = [{"name": n, "repo": s.repo, "file": s.file, "quant": s.quant, "n_layers": s.n_layers,
+               "n_params_b": s.n_params, "path": str(where[n]) if where[n] else None,
+               "size_bytes": where[n].stat().st_size if where[n] else None, "mirror": s.mirror is not None}
+              for n, s in reg.models.items()]
+    pairs = [{"name": n, "default": n == reg.default_pair, "target": p.target, "draft": p.draft,
+              "ready": bool(where.get(p.target) and where.get(p.draft)), "draft_max": p.settings.get("draft_max"),
+              "note": p.note} for n, p in reg.pairs.items()]
+    return {"pairs": pairs, "models": models, "models_dir": str(models_dir()), "registries": list(reg.sources)}
+
+
+def pull(name: str, *, mirror: str | None = None, registry=None, offline: bool = False, log=print) -> list[tuple[str, Path]]:
+    """Download a pair's models or one model (Hub, or the offline mirror): [(name, path)]."""
+    from .mirror import fetch
+
+    reg = load_registry(registry)
+    specs = [reg.model(reg.pairs[name].target), reg.model(reg.pairs[name].draft)] if name in reg.pairs else [reg.model(name)]
+    out = []
+    for spec in dict.fromkeys(specs):
+        path = fetch(spec, models_dir(), log=log) if mirror else ensure_model(spec, offline=offline)
+        out.append((spec.name, path))
+    return out
+
+
+def info(model: str, registry=None) -> dict:
+    """What a GGUF file says about itself (a path, or a registry name already downloaded)."""
+    from .gguf_info import read_info
+
+    return read_info(resolve_model(model, load_registry(registry), offline=True)).to_dict()
+
+
+def check_pair(target: str, draft: str, registry=None) -> str:
+    """One sentence saying the draft can serve the target; GGUFSpecError saying why not."""
+    from .backend import Model
+    from .compat import check_compatible
+
+    reg = load_registry(registry)
+    with Model(resolve_model(target, reg, offline=True), role="target", vocab_only=True) as t, \
+            Model(resolve_model(draft, reg, offline=True), role="draft", vocab_only=True) as d:
+        check_compatible(t, d)
+        return f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)"

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .errors import GGUFSpecError
+from .paths import user_registry
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
 
 BUILTIN = Path(__file__).with_name("models.toml")
 
@@ -156,7 +162,7 @@ def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
 def user_registry_paths(explicit: str | os.PathLike | None = None) -> list[Path]:
     """The user's registries, lowest precedence first."""
     paths = []
-    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "ggufspec" / "models.toml"
+    config = user_registry()
     if config.exists():
         paths.append(config)
     env = os.environ.get("GGUFSPEC_REGISTRY")
@@ -219,7 +225,3 @@ def save_pair_defaults(path: Path, pair: str, values: dict) -> Path:
     tmp.write_text(dump_toml(data))
     os.replace(tmp, path)
     return path
-
-
-def user_config_registry() -> Path:
-    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "ggufspec" / "models.toml"

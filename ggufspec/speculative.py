@@ -1,19 +1,22 @@
 """The speculative decoding loop: one step function and a generator of rounds.
 
-A round: the drafter proposes up to k tokens; the target runs once over [last] + draft with a
-logits row per position; verification keeps a prefix and adds one token of the target's own;
-the target's KV cache is rewound past the kept tokens. k = 0 is plain target decoding through
-the same code, so baselines are like for like.
+A round: the drafter proposes up to draft_max tokens; the target runs once over [last] + draft
+with a logits row per position; verification keeps a prefix and adds one token of the target's
+own; the target's KV cache is rewound past the kept tokens (in `finally`: an exception never
+leaves rejected tokens behind). A round without a draft is plain target decoding through the
+same code, so baselines are like for like. Notation: p target, q draft (Leviathan et al. 2023).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
 from .backend import Context
+from .drafters import Draft, Drafter
 from .errors import ContextFullError
 from .sampling import SamplingParams, near_ties, probs_from_logits, sample, top2_gap, verify, verify_greedy
 
@@ -33,15 +36,25 @@ class Round:
     n_accepted: int
     draft_seconds: float
     target_seconds: float
-    source: str = "target"  # which drafter proposed ("target" when none did)
+    draft: Draft = field(default_factory=lambda: Draft([]))  # what the drafter proposed (before --draft-min)
     ties_settled: int = 0
     tie_gaps: list[float] = field(default_factory=list)
 
+    @property
+    def source(self) -> str:
+        """Which drafter this round's verified tokens came from ("target": none)."""
+        return self.draft.source if self.n_drafted else "target"
 
-def _one_hot_rows(tokens: list[int], n_vocab: int) -> np.ndarray:
-    q = np.zeros((len(tokens), n_vocab))
-    q[np.arange(len(tokens)), tokens] = 1.0
-    return q
+
+@dataclass(frozen=True)
+class Verification:
+    """How greedy rounds are checked. exact_batch: the largest batch this backend computes
+    bit-identically to one-token decoding. exact: verify in chunks of that size (identity by
+    construction); otherwise one batch, with near-ties (top-2 gap < tie_margin) re-decoded."""
+
+    exact_batch: int = 1
+    exact: bool = False
+    tie_margin: float = DEFAULT_TIE_MARGIN
 
 
 def _verify_rows(target: Context, inputs: list[int], chunk: int, draft_tokens: list[int]) -> np.ndarray:
@@ -52,75 +65,72 @@ def _verify_rows(target: Context, inputs: list[int], chunk: int, draft_tokens: l
     rows = []
     for start in range(0, len(inputs), chunk):
         part = target.decode(inputs[start:start + chunk], logits="all")
-        choice = part.argmax(axis=1)
         rows.append(part.copy())  # the view dies with the next decode
         drafts = draft_tokens[start:start + len(part)]
-        if any(int(c) != int(d) for c, d in zip(choice, drafts)) or len(drafts) < len(part):
+        if len(drafts) < len(part) or any(int(c) != int(d) for c, d in zip(part.argmax(axis=1), drafts)):
             break
     return np.concatenate(rows)
 
 
-def speculative_step(target: Context, drafter, history: list[int], k: int, params: SamplingParams,
-                     rng: np.random.Generator, *, tie_margin: float = DEFAULT_TIE_MARGIN, draft_min: int = 0,
-                     exact_batch: int = 1, exact: bool = False) -> Round:
+def settle_tie(target: Context, inputs: list[int], draft_tokens: list[int], n_past: int, j: int) -> tuple[int, int]:
+    """Redo a round whose batched row j was a near-tie as target-only decoding would: the inputs
+    up to row j one token at a time (neither the row nor the K/V before it from the batch), then
+    one token at a time while the drafts keep matching. Returns (n_accepted, next_token)."""
+    target.truncate(n_past)
+    for x in inputs[: j + 1]:
+        row = target.decode([x], logits="last")[0]
+    i = j
+    while i < len(draft_tokens) and int(np.argmax(row)) == draft_tokens[i]:
+        row = target.decode([draft_tokens[i]], logits="last")[0]
+        i += 1
+    return i, int(np.argmax(row))
+
+
+def speculative_step(target: Context, drafter: Drafter | None, history: list[int], draft_max: int,
+                     params: SamplingParams, rng: np.random.Generator, *, draft_min: int = 0,
+                     verification: Verification = Verification()) -> Round:
     """Run one round from `history` (whose last token the target has not seen yet).
 
-    exact_batch: the largest batch this backend computes bit-identically to one-token decoding.
-    Greedy rounds with larger batches re-check near-ties one token at a time; with exact=True
-    they are verified in chunks of exact_batch instead, which makes the output identical by
-    construction. On return the target's KV cache holds history[:-1] + the round's tokens but the last.
+    On return the target's KV cache holds history[:-1] + the round's tokens but the last; on an
+    exception, history[:-1] as before.
     """
     n_past = len(history) - 1
     assert target.n_past == n_past, (target.n_past, n_past)
-    k = min(k, target.n_ctx - n_past - 1, target.n_batch - 1)
-    if k < 0:
+    draft_max = min(draft_max, target.n_ctx - n_past - 1, target.n_batch - 1)
+    if draft_max < 0:
         raise ContextFullError(f"the context is full after {len(history)} tokens (n_ctx={target.n_ctx}); raise -c or lower -n")
-    draft_tokens, q, draft_seconds, source = [], None, 0.0, "target"
-    if drafter is not None and k > 0:
-        draft = drafter.propose(history, k, params, rng)
-        draft_tokens, q, draft_seconds = draft.tokens[:k], draft.q, draft.seconds
-        if len(draft_tokens) < draft_min:  # too short to be worth a batch (llama.cpp's --draft-min)
-            draft_tokens = []
-        source = draft.source if draft_tokens else "target"
-
-    t0 = time.perf_counter()
+    draft = drafter.propose(history, draft_max, params, rng) if drafter is not None and draft_max > 0 else Draft([])
+    draft_tokens = draft.tokens[:draft_max]
+    if len(draft_tokens) < draft_min:  # too short to be worth a batch (llama.cpp's --draft-min)
+        draft_tokens = []
     inputs = [history[-1]] + draft_tokens
-    ties_settled, gaps = 0, []
-    if params.greedy:
-        if exact and len(inputs) > exact_batch:
-            logits = _verify_rows(target, inputs, max(1, exact_batch), draft_tokens)
-        else:
-            logits = target.decode(inputs, logits="all")
-        choice = logits.argmax(axis=1)
-        n_accepted, next_token = verify_greedy(draft_tokens, choice)
-        if not exact and len(inputs) > exact_batch:
-            tied = np.flatnonzero(near_ties(logits[: n_accepted + 1], tie_margin))
+    t0, n_keep, ties, gaps = time.perf_counter(), n_past, 0, []
+    try:
+        if params.greedy:
+            v = verification
+            batched = not v.exact or len(inputs) <= v.exact_batch
+            logits = target.decode(inputs, logits="all") if batched else _verify_rows(target, inputs, v.exact_batch, draft_tokens)
+            n_accepted, next_token = verify_greedy(draft_tokens, logits.argmax(axis=1))
+            tied = np.flatnonzero(near_ties(logits[: n_accepted + 1], v.tie_margin)) if len(inputs) > v.exact_batch and not v.exact else []
             if len(tied):
-                # Settle it as target-only decoding would: this round's inputs up to the tied row,
-                # one token at a time, so neither the row nor the K/V before it come from the batch.
-                j = int(tied[0])
-                gaps.append(top2_gap(logits[j]))
-                target.truncate(n_past)
-                for x in inputs[: j + 1]:
-                    row = target.decode([x], logits="last")[0]
-                # From the tie on, verify one token at a time while the drafts keep matching.
-                i = j
-                while i < len(draft_tokens) and int(np.argmax(row)) == draft_tokens[i]:
-                    row = target.decode([draft_tokens[i]], logits="last")[0]
-                    i += 1
-                n_accepted, next_token, ties_settled = i, int(np.argmax(row)), 1
-    else:
-        logits = target.decode(inputs, logits="all")
-        p = np.stack([probs_from_logits(row, params) for row in logits])
-        if draft_tokens:
-            q_rows = _one_hot_rows(draft_tokens, target.n_vocab) if q is None else np.stack(q[: len(draft_tokens)])
-            n_accepted, next_token = verify(draft_tokens, q_rows, p, rng)
+                gaps.append(top2_gap(logits[tied[0]]))
+                n_accepted, next_token = settle_tie(target, inputs, draft_tokens, n_past, int(tied[0]))
+                ties = 1
         else:
-            n_accepted, next_token = 0, sample(p[0], rng)
-    target.truncate(n_past + n_accepted + 1)
-    target_seconds = time.perf_counter() - t0
-    return Round(draft_tokens[:n_accepted] + [next_token], len(draft_tokens), n_accepted,
-                 draft_seconds, target_seconds, source, ties_settled, gaps)
+            p = np.stack([probs_from_logits(row, params) for row in target.decode(inputs, logits="all")])
+            q = None if not draft_tokens else _one_hot(draft_tokens, target.n_vocab) if draft.q is None else np.stack(draft.q[: len(draft_tokens)])
+            n_accepted, next_token = verify(draft_tokens, q, p, rng) if draft_tokens else (0, sample(p[0], rng))
+        n_keep = n_past + n_accepted + 1
+    finally:
+        target.truncate(n_keep)
+    return Round(draft_tokens[:n_accepted] + [next_token], len(draft_tokens), n_accepted, draft.seconds,
+                 time.perf_counter() - t0, draft, ties, gaps)
+
+
+def _one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
+    q = np.zeros((len(tokens), n_vocab))
+    q[np.arange(len(tokens)), tokens] = 1.0
+    return q
 
 
 def prefill(target: Context, prompt_tokens: list[int]) -> float:
@@ -130,3 +140,26 @@ def prefill(target: Context, prompt_tokens: list[int]) -> float:
     if len(prompt_tokens) > 1:
         target.decode(prompt_tokens[:-1], logits="none")
     return time.perf_counter() - start
+
+
+def rounds(target: Context, drafter: Drafter | None, prompt_tokens: list[int], params: SamplingParams,
+           rng: np.random.Generator, *, max_tokens: int, draft_max: int = 0, draft_min: int = 0,
+           verification: Verification = Verification()) -> Iterator[Round]:
+    """Rounds from a prefilled target (see `prefill`) until the caller stops or max_tokens are out.
+
+    Each round ends with one token of the target's own, so a round drafts at most one token
+    fewer than remain. The drafter hears of every verified round through `observe`.
+    """
+    history, n_out = list(prompt_tokens), 0
+    while n_out < max_tokens:
+        if len(history) > target.n_ctx:  # the last token sits at position len - 1, which must exist
+            raise ContextFullError(
+                f"the context filled up after {n_out} generated tokens (prompt {len(prompt_tokens)}, "
+                f"n_ctx={target.n_ctx}); raise -c or lower -n", history[len(prompt_tokens):])
+        r = speculative_step(target, drafter, history, min(draft_max, max_tokens - n_out - 1), params, rng,
+                             draft_min=draft_min, verification=verification)
+        if drafter is not None:
+            drafter.observe(r)
+        history.extend(r.tokens)
+        n_out += len(r.tokens)
+        yield r

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ggufspec.errors import GGUFSpecError
-from ggufspec.hub import models_dir
+from ggufspec.paths import models_dir
 from ggufspec.mirror import fetch
 from ggufspec.registry import load_registry
 

@@ -22,7 +22,8 @@ from ggufspec.engine import Engine
 from ggufspec.errors import GGUFSpecError
 from ggufspec.models import resolve_models
 from ggufspec.offload import detect_vram, parse_size, plan, sizes_for, total_ram
-from ggufspec.registry import load_registry, save_pair_defaults, user_config_registry
+from ggufspec.paths import user_registry
+from ggufspec.registry import load_registry, save_pair_defaults
 from ggufspec.report import table
 
 
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
         for ngl in ngls:
             for ngld in nglds:
                 with Engine(target, draft, n_ctx=a.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld) as engine:
-                    settings = B.BenchSettings(("target", "speculative", "auto"), draft_max, a.n, a.repeats, 1, True, {})
+                    settings = B.BenchSettings(("target", "draft", "auto"), draft_max, a.n, a.repeats, 1, True, {})
                     runs = B.run(engine, prompts, settings, [])
                     for row in B.rows(runs, engine, settings):
                         results.append({"ngl": ngl, "ngld": ngld, "mode": row["mode"], "draft_max": row["draft_max"],
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
             values = {"n_gpu_layers": best["ngl"], "draft_n_gpu_layers": best["ngld"], "mode": mode}
             if best["draft_max"]:
                 values["draft_max"] = best["draft_max"]
-            path = save_pair_defaults(a.registry or user_config_registry(), name, values)
+            path = save_pair_defaults(a.registry or user_registry(), name, values)
             load_registry(path)  # what we wrote must load
             print(f"saved as the defaults of pair {name} in {path}")
     except GGUFSpecError as e:

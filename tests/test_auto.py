@@ -3,8 +3,8 @@
 import pytest
 
 from ggufspec import Engine
-from ggufspec.auto import LOOKUP_PRIORS, AutoDrafter, Estimate, expected_tokens, lookup_bucket
-from ggufspec.costs import Costs
+from ggufspec.auto import LOOKUP_PRIORS, AutoDrafter, Estimate, lookup_bucket
+from ggufspec.costs import Costs, expected_tokens
 from ggufspec.drafters import LookupDrafter
 
 
@@ -164,6 +164,6 @@ def test_untried_lookup_drafts_get_tried_and_failures_stop_them():
     draft = d.propose(history, 5, params, rng)
     assert draft.source == "lookup" and draft.tokens[:2] == [5, 6]
     for _ in range(10):  # every draft rejected at once
-        d.propose(history, 5, params, rng)
-        d.observe(Round([8], 2, 0, 0.0, 0.1024, "lookup"))
+        draft = d.propose(history, 5, params, rng)
+        d.observe(Round([8], 2, 0, 0.0, 0.1024, draft))
     assert d.propose(history, 5, params, rng).source == "target"

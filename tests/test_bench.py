@@ -20,32 +20,32 @@ def test_json_has_a_row_per_mode_and_greedy_rows_identical(tiny):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     modes = [row["mode"] for row in data["rows"]]
-    assert modes == ["target", "draft", "speculative", "lookup", "auto"]
+    assert modes == ["target", "draft-alone", "draft", "lookup", "auto"]
     for row in data["rows"]:
         for key in ("tokens_per_second", "speedup", "acceptance_rate", "identical_to_target"):
             assert key in row
         assert row["n_prompts"] == 8 and row["n_generated"] == 8 * 16
     by_mode = {row["mode"]: row for row in data["rows"]}
     assert by_mode["target"]["speedup"] == 1.0
-    assert by_mode["speculative"]["identical_to_target"] is True and by_mode["lookup"]["identical_to_target"] is True
-    assert 0 < by_mode["speculative"]["acceptance_rate"] <= 1
-    assert by_mode["speculative"]["predicted_speedup"] > 0
+    assert by_mode["draft"]["identical_to_target"] is True and by_mode["lookup"]["identical_to_target"] is True
+    assert 0 < by_mode["draft"]["acceptance_rate"] <= 1
+    assert by_mode["draft"]["predicted_speedup"] > 0
     assert data["costs"]["target_batch_seconds"][0] > 0
 
 
 def test_sweep_table_csv_markdown_and_saved_outputs(tiny, tmp_path):
-    args = ["-m", tiny["target"], "-md", tiny["close"], "--suite", "edit", "--limit", "0", "-n", "8", "--modes", "target,speculative",
+    args = ["-m", tiny["target"], "-md", tiny["close"], "--suite", "edit", "--limit", "0", "-n", "8", "--modes", "target,draft",
             "--draft-max", "1,3"]
     table = bench(*args)
     assert table.exit_code == 0, table.output
-    assert "speculative (draft-max 1)" in table.stdout and "speculative (draft-max 3)" in table.stdout
+    assert "draft (draft-max 1)" in table.stdout and "draft (draft-max 3)" in table.stdout
     assert "bit-identical" in table.stdout
     rows = list(csv.DictReader(io.StringIO(bench(*args, "--csv").stdout)))
-    assert [r["label"] for r in rows] == ["target", "speculative (draft-max 1)", "speculative (draft-max 3)"]
+    assert [r["label"] for r in rows] == ["target", "draft (draft-max 1)", "draft (draft-max 3)"]
     md = bench(*args, "--markdown", "--save-outputs", tmp_path / "out").stdout
     assert md.lstrip().startswith("| mode")
     saved = sorted((tmp_path / "out").glob("*.md"))
-    assert len(saved) == 4 and "## speculative (draft-max 3)" in saved[0].read_text()
+    assert len(saved) == 4 and "## draft (draft-max 3)" in saved[0].read_text()
 
 
 def test_per_suite_rows_and_sampled_runs(tiny):
@@ -91,12 +91,12 @@ def test_leviathan_formula():
 
 def test_ngl_sweep_makes_rows_per_value(tiny):
     r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code", "--limit", "1", "-n", "4",
-              "--modes", "target,speculative", "-ngl", "0,all", "--json")
+              "--modes", "target,draft", "-ngl", "0,all", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert [(row["label"], row["n_gpu_layers"]) for row in data["rows"]] == [
-        ("target (ngl 0)", 0), ("speculative (draft-max 4) (ngl 0)", 0),
-        ("target (ngl all)", "all"), ("speculative (draft-max 4) (ngl all)", "all")]
+        ("target (ngl 0)", 0), ("draft (draft-max 4) (ngl 0)", 0),
+        ("target (ngl all)", "all"), ("draft (draft-max 4) (ngl all)", "all")]
     assert data["n_gpu_layers"] == [0, "all"]
     gen = CliRunner().invoke(cli, ["generate", "-m", str(tiny["target"]), "-p", "hi", "-ngl", "0,4"])
     assert gen.exit_code == 1 and "sweep" in gen.stderr and len(gen.stderr.strip().splitlines()) == 1

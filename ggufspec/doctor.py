@@ -1,0 +1,73 @@
+"""`ggufspec doctor`: what this machine is, what this build can do, and what is wrong here."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import backend, system
+from .costs import Costs, load_cache
+from .paths import costs_file, models_dir
+
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+              "amx_bf16", "asimd", "sve")
+
+
+def _costs(machine_id: str) -> tuple[list[dict], list[dict]]:
+    """(this machine's cached target costs, the machines of the other entries)."""
+    mine, others = [], {}
+    for key, entry in load_cache().items():
+        if "target_batch_seconds" not in entry:
+            continue
+        if key.endswith(f"machine {machine_id}"):
+            c = Costs(entry["target_batch_seconds"], entry["exact_batch"])
+            mine.append({"model": key.split("|")[0], "target_step_seconds": c.target_token_seconds,
+                         "exact_batch": c.exact_batch, "ceiling_speedup": c.ceiling(c.exact_batch if c.exact_batch >= 2 else None)[0]})
+        else:
+            m = entry.get("machine") or {"cpu": "a machine this version cannot name"}
+            others[m.get("cpu", "?")] = m
+    return mine, list(others.values())
+
+
+def problems(features: list[str], cpu_buffer_types: list[str], other_machines: list[dict]) -> list[dict]:
+    """Every known problem here, with its fix; severity 'error' means ggufspec cannot run well."""
+    out = []
+    if system.amx_active(features, cpu_buffer_types):
+        out.append({"severity": "error", "problem": "this llama-cpp-python build uses llama.cpp's AMX kernels, which crash "
+                    "on Q4_K/Q6_K weights on this CPU (llama.cpp issue 20824); ggufspec refuses such models",
+                    "fix": system.reinstall_command(backend.llama_cpp_version())})
+    gpu = system.gpu_problem(features, system.nvidia_gpu_visible())
+    if gpu:
+        out.append({"severity": "error", **gpu})
+    if other_machines:
+        names = "; ".join(m.get("cpu", "?") for m in other_machines)
+        out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) holds measurements from other "
+                    f"machines ({names}); they are never used here", "fix": "none needed; `ggufspec costs` measures this machine"})
+    return out
+
+
+def diagnose() -> dict:
+    features = backend.build_features()
+    bufts = backend.cpu_buffer_types()
+    machine = backend.machine()
+    flags = system.cpu_flags()
+    mine, others = _costs(machine["id"])
+    folder = models_dir()
+    found = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
+    return {
+        "python": sys.version.split()[0],
+        "llama_cpp_python": backend.llama_cpp_version(),
+        "build_features": features,
+        "system_info": backend.system_info(),
+        "cpu": system.cpu_model(),
+        "cpu_features": [f for f in SIMD_FLAGS if f in flags],
+        "cpu_buffer_types": bufts,
+        "threads": backend.default_threads(),
+        "logical_cpus": os.cpu_count(),
+        "devices": backend.devices(),
+        "machine_id": machine["id"],
+        "models_dir": str(folder),
+        "models": [{"file": p.name, "size_bytes": p.stat().st_size} for p in found],
+        "costs": mine,
+        "problems": problems(features, bufts, others),
+    }

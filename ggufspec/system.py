@@ -1,0 +1,114 @@
+"""What machine this is, and what is known to go wrong on it. Pure: no llama_cpp import.
+
+`backend` hands in what llama.cpp reports (its system info string, its devices, its CPU
+buffer types); the CPU's own flags come from /proc/cpuinfo. Every decision here is a function
+of those strings, so it is tested on strings from machines we do not have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+from pathlib import Path
+
+# Weight types llama.cpp's AMX kernels take (ggml-cpu/amx/common.h, qtype_has_amx_kernels).
+AMX_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"})
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+GPU_FEATURES = ("CUDA", "METAL", "VULKAN", "HIP", "SYCL", "OPENCL", "CANN", "MUSA")
+
+
+def parse_system_info(text: str) -> dict[str, dict[str, str]]:
+    """llama_print_system_info() ("CPU : SSE3 = 1 | AVX = 1 | ... | CUDA : ARCHS = 890 | ...")
+    to {backend: {feature: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    current = None
+    for part in text.split("|"):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.match(r"^(\S+)\s*:\s*(.*)$", part)
+        if m and "=" in m.group(2):  # "CPU : SSE3 = 1": a new backend and its first feature
+            current = out.setdefault(m.group(1), {})
+            part = m.group(2)
+        if current is None or "=" not in part:
+            continue
+        key, _, value = part.partition("=")
+        current[key.strip()] = value.strip()
+    return out
+
+
+def build_features(info: dict[str, dict[str, str]]) -> list[str]:
+    """The features a build was compiled with, flattened: ['AVX2', 'AVX512', 'AMX_INT8', 'CUDA', ...]."""
+    names = []
+    for backend, features in info.items():
+        if backend != "CPU":
+            names.append(backend.upper())
+        names += [k for k, v in features.items() if v == "1"]
+    return list(dict.fromkeys(names))
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    text = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo")
+    m = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return m.group(1).strip() if m else (platform.processor() or platform.machine() or "unknown CPU")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    text = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo")
+    m = re.search(r"^(flags|Features)\s*:\s*(.+)$", text, re.MULTILINE)
+    return set(m.group(2).split()) if m else set()
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def amx_active(features: list[str], cpu_buffer_types: list[str]) -> bool:
+    """Whether llama.cpp will put weights into its AMX buffer: the build has AMX kernels and the
+    CPU device offers the AMX buffer type (which it does only where the CPU and kernel allow AMX)."""
+    return "AMX_INT8" in features and any(b.upper() == "AMX" for b in cpu_buffer_types)
+
+
+def reinstall_command(llama_cpp_version: str, extra_cmake: str = "-DGGML_RPC=ON") -> str:
+    """The pip command that rebuilds llama-cpp-python for this CPU without AMX kernels."""
+    flags = f"-DCMAKE_C_FLAGS='{NO_AMX_FLAGS}' -DCMAKE_CXX_FLAGS='{NO_AMX_FLAGS}'"
+    return (f'CMAKE_ARGS="{extra_cmake} {flags}" pip install --force-reinstall --no-cache-dir --no-deps '
+            f"llama-cpp-python=={llama_cpp_version}")
+
+
+def amx_problem(features: list[str], cpu_buffer_types: list[str], tensor_types, llama_cpp_version: str) -> str | None:
+    """None, or why loading a model with these weight types would crash here (llama.cpp issue
+    20824: its AMX kernels segfault on Q4_K/Q6_K weights), with the command that fixes it."""
+    if not amx_active(features, cpu_buffer_types):
+        return None
+    hit = sorted(set(tensor_types) & AMX_TYPES)
+    if not hit:
+        return None
+    return (f"this llama-cpp-python was built with llama.cpp's AMX kernels, which crash on {'/'.join(hit)} weights "
+            f"on this CPU (llama.cpp issue 20824); rebuild it without them: {reinstall_command(llama_cpp_version)}")
+
+
+def gpu_problem(features: list[str], gpu_visible: bool) -> dict | None:
+    """An NVIDIA GPU that this CPU-only build cannot use: {"problem", "fix"}, or None."""
+    if gpu_visible and not any(f in features for f in GPU_FEATURES):
+        return {"problem": "an NVIDIA GPU is present but this llama-cpp-python build is CPU-only",
+                "fix": 'CMAKE_ARGS="-DGGML_CUDA=on" python scripts/install.py (from a ggufspec checkout), or '
+                       'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python'}
+    return None
+
+
+def nvidia_gpu_visible() -> bool:
+    return Path("/dev/nvidia0").exists() or Path("/proc/driver/nvidia/gpus").is_dir()
+
+
+def describe(cpu: str, features: list[str], devices: list[dict], llama_cpp_version: str) -> dict:
+    """A machine's identity for the cost cache: what decides what a decode costs here."""
+    summary = {"cpu": cpu, "features": sorted(features), "llama_cpp": llama_cpp_version,
+               "devices": sorted(f"{d['name']} ({d['description']})" for d in devices)}
+    digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
+    return {"id": digest, "summary": summary}
