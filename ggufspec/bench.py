@@ -13,7 +13,6 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 
 import psutil
@@ -21,77 +20,12 @@ import psutil
 from .costs import expected_tokens
 from .engine import Engine, GenerationSettings, Stats
 from .errors import GGUFSpecError
+from .prompts import Prompt
 from .sampling import top2_gap
 
-SUITES = ("code", "edit", "chat", "summarize", "fix")  # fix: not in the default run
 DRAFTING_MODES = ("draft", "lookup", "auto")
 # The engine's --mode names; draft-alone is the draft model generating by itself.
 ALL_MODES = ("target", "draft-alone", "draft", "lookup", "auto")
-
-
-@dataclass(frozen=True, eq=False)  # by identity: a prompt may hold chat messages (dicts)
-class Prompt:
-    suite: str
-    index: int
-    text: str | None = None
-    messages: tuple | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.suite}-{self.index}"
-
-
-def load_suite(name: str) -> list[Prompt]:
-    if name not in SUITES:
-        raise GGUFSpecError(f"--suite {name!r} is not a built-in suite; choose from {', '.join(SUITES)}")
-    text = resources.files("ggufspec.prompts").joinpath(f"{name}.jsonl").read_text()
-    return _parse_prompts(text, name, f"suite {name}")
-
-
-def load_prompts_file(path: str | Path) -> list[Prompt]:
-    """Plain text (one prompt per line) or JSONL with `prompt` or `messages` per line."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise GGUFSpecError(f"{p}: cannot read the prompts file ({e.strerror})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise GGUFSpecError(f"{p}: not UTF-8 at byte {e.start} (line {line}); save the prompts file as UTF-8") from None
-    prompts = _parse_prompts(text, p.stem, str(p))
-    if not prompts:
-        raise GGUFSpecError(f"{p}: no prompts in the file")
-    return prompts
-
-
-def load_prompts(prompts_file: str | None, suites: str, limit: int = 0) -> list[Prompt]:
-    """A prompts file, or the first `limit` prompts (0: all) of each named built-in suite."""
-    if prompts_file:
-        return load_prompts_file(prompts_file)
-    return [p for s in suites.split(",") if s.strip() for p in load_suite(s.strip())[:limit or None]]
-
-
-def _parse_prompts(text: str, suite: str, where: str) -> list[Prompt]:
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise GGUFSpecError(f"{where}, line {n}: not valid JSON ({e.msg})") from None
-            if isinstance(obj.get("prompt"), str):
-                out.append(Prompt(suite, len(out), text=obj["prompt"]))
-            elif isinstance(obj.get("messages"), list):
-                out.append(Prompt(suite, len(out), messages=tuple(obj["messages"])))
-            else:
-                raise GGUFSpecError(f"{where}, line {n}: a JSON line needs a `prompt` string or a `messages` list")
-        else:
-            out.append(Prompt(suite, len(out), text=line))
-    return out
 
 
 @dataclass(frozen=True)

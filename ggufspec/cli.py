@@ -13,6 +13,8 @@ import time
 import click
 
 from .errors import GGUFSpecError
+from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, sampling_options,
+                      split_options, target_option, whole_number)
 
 
 def user_errors(fn):
@@ -29,113 +31,6 @@ def user_errors(fn):
             sys.exit(130)
 
     return wrapper
-
-
-class Layers(click.ParamType):
-    """-ngl values: a number of layers, 'all', or 'auto' (the offload planner decides)."""
-
-    name = "N|all|auto"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, list)) or value in ("all", "auto"):
-            return value
-        if "," in str(value):  # a sweep: `ggufspec bench -ngl 0,16,all`
-            return [self.convert(v.strip(), param, ctx) for v in str(value).split(",") if v.strip()]
-        try:
-            n = int(value)
-        except ValueError:
-            self.fail(f"{value!r} is not a layer count, 'all' or 'auto'", param, ctx)
-        if n < 0:
-            self.fail(f"{n} is negative; use 'all' for every layer", param, ctx)
-        return n
-
-
-def _apply(fn, options):
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-registry_option = click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY",
-                               help="A models.toml that adds to or overrides the built-in one.")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-ctx_option = click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens.")
-target_option = click.option("-m", "--model", "target", help="Target model: a .gguf path or a model name from models.toml.")
-draft_option = click.option("-md", "--model-draft", "draft", help="Draft model: a .gguf path or a model name.")
-LOAD_KEYS = ("pair", "target", "draft", "n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_threads",
-             "registry", "offline", "verbose")
-
-
-def model_options(fn):
-    """Which models to load and how: shared by generate, bench and costs."""
-    return _apply(fn, [
-        click.argument("pair", required=False), target_option, draft_option,
-        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=Layers(), default=None,
-                     help="Target layers on the GPU: N, all or auto (default auto)."),
-        click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=Layers(), default=None,
-                     help="Draft layers on the GPU: N, all or auto (default auto)."),
-        ctx_option,
-        click.option("-b", "--batch-size", "n_batch", type=int, default=512, show_default=True, help="Logical batch size."),
-        click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads (default: physical cores)."),
-        registry_option,
-        click.option("--offline", is_flag=True, help="Never reach the Hugging Face Hub; use local or cached files."),
-        click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
-    ])
-
-
-def sampling_options(fn):
-    return _apply(fn, [
-        click.option("-n", "--n-predict", "max_tokens", type=int, default=None, help="Tokens to generate."),
-        click.option("--temp", "temperature", type=float, default=None, help="Temperature; 0 is greedy (default 0)."),
-        click.option("--top-k", type=int, default=None, help="Keep the K most likely tokens (0: off)."),
-        click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
-        click.option("--min-p", type=float, default=None, help="Drop tokens below min-p x the top probability."),
-        click.option("-s", "--seed", type=int, default=None, help="Random seed; the same seed gives the same text."),
-        click.option("--draft-max", "--draft", "draft_max", default=None, help="Most tokens drafted per round."),
-        click.option("--draft-min", type=int, default=None, help="Fewest drafted tokens worth verifying."),
-        click.option("--draft-p-min", type=float, default=None,
-                     help="Stop drafting when the draft's own confidence falls below this."),
-        click.option("--mode", default=None,
-                     help="Drafting: auto (default: whatever pays each round), draft (model), lookup (prompt n-grams), "
-                          "target (none), draft-alone (the draft model by itself)."),
-        click.option("--ignore-eos", is_flag=True, default=None, help="Keep generating past end-of-generation tokens."),
-        click.option("--exact/--no-exact", default=None,
-                     help="Greedy: verify only in batch sizes that are bit-identical to one-token decoding "
-                          "(default: when the backend has such batches of 2+ tokens, as llama.cpp's CPU kernels do)."),
-    ])
-
-
-SETTING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode",
-                "ignore_eos", "exact")
-
-
-def split_options(options: dict, **load_extra):
-    """(LoadOptions, the generation settings given, --draft-max as typed) from click's options."""
-    from .models import LoadOptions
-
-    load = LoadOptions(**{k: options[k] for k in LOAD_KEYS if k in options}, **load_extra)
-    given = {k: options[k] for k in SETTING_KEYS if options.get(k) is not None}
-    return load, given, options.get("draft_max")
-
-
-def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
-    """'1,3,5' -> (1, 3, 5); None stays None."""
-    if text is None:
-        return None
-    try:
-        values = tuple(int(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise GGUFSpecError(f"{flag} takes whole numbers separated by commas (got {text!r})") from None
-    if not values or min(values) < 1:
-        raise GGUFSpecError(f"{flag} values must be at least 1 (got {text!r})")
-    return values
-
-
-def whole_number(text: str, flag: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise GGUFSpecError(f"{flag} must be a whole number (got {text!r})") from None
 
 
 class OneLineErrors(click.Group):
@@ -262,6 +157,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
       ggufspec bench -m target.gguf -md draft.gguf --temp 0.2 --repeats 3 --json
     """
     from . import bench as B
+    from .prompts import load_prompts
     from .report import bench_footer, bench_table, to_csv, to_json
 
     load, given, draft_max = split_options(options)
@@ -270,7 +166,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),
                                int_list(draft_max, "--draft-max") or (4,), given.pop("max_tokens", None) or 64,
                                repeats, warmup, not natural_stop, given)
-    prompts = B.load_prompts(prompts_file, suites, limit)
+    prompts = load_prompts(prompts_file, suites, limit)
     by = "prompt" if per_prompt else "suite" if by_suite else "all"
     progress = BenchProgress()
     try:

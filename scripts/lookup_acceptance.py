@@ -15,7 +15,8 @@ import sys
 from collections import defaultdict
 
 from ggufspec.auto import lookup_bucket
-from ggufspec.bench import load_suite, prompt_tokens
+from ggufspec.bench import prompt_tokens
+from ggufspec.prompts import load_suite
 from ggufspec.drafters import LookupDrafter
 from ggufspec.engine import Engine
 from ggufspec.errors import GGUFSpecError

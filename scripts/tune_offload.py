@@ -23,6 +23,7 @@ from ggufspec.errors import GGUFSpecError
 from ggufspec.models import resolve_models
 from ggufspec.offload import detect_vram, parse_size, plan, sizes_for, total_ram
 from ggufspec.paths import user_registry
+from ggufspec.prompts import load_suite
 from ggufspec.registry import load_registry, save_pair_defaults
 from ggufspec.report import table
 
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
             print("this llama.cpp build has no GPU support (or no VRAM was given): layers stay on the CPU; "
                   "tuning the drafting settings only", file=sys.stderr)
             ngls, nglds = [0], [0]
-        prompts = [q for s in a.suite.split(",") for q in B.load_suite(s)[: a.limit or None]]
+        prompts = [q for s in a.suite.split(",") for q in load_suite(s)[: a.limit or None]]
         results = []
         for ngl in ngls:
             for ngld in nglds:

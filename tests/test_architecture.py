@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 import ggufspec.speculative as speculative
 from ggufspec import Engine
-from ggufspec.bench import BenchSettings, Prompt, run
+from ggufspec.bench import BenchSettings, run
+from ggufspec.prompts import Prompt
 from ggufspec.cli import cli
 from ggufspec.drafters import Draft, Drafter, LookupDrafter, ModelDrafter
 from ggufspec.auto import AutoDrafter

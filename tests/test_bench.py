@@ -7,7 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ggufspec.bench import load_prompts_file, load_suite, predicted_speedup
+from ggufspec.bench import predicted_speedup
+from ggufspec.prompts import load_prompts_file, load_suite
 from ggufspec.cli import cli
 
 
