@@ -106,8 +106,8 @@ def devices() -> list[dict]:
     return out
 
 
-def cpu_buffer_types() -> list[str]:
-    """The CPU device's extra weight buffer types in the order llama.cpp tries them (AMX, CPU_REPACK, ...)."""
+def _cpu_extra_bufts() -> list[tuple[str, int]]:
+    """(name, handle) of the CPU device's extra weight buffer types, in the order llama.cpp tries them."""
     _init_backend()
     lib = _ggml()
     for i in range(lib.ggml_backend_dev_count()):
@@ -117,14 +117,23 @@ def cpu_buffer_types() -> list[str]:
         address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
         if not address:
             return []
-        get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
-        bufts, names = get(dev), []
-        for j in range(16):
+        bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(dev)
+        out = []
+        for j in range(16):  # NULL-terminated
             if not bufts[j]:
                 break
-            names.append(lib.ggml_backend_buft_name(bufts[j]).decode())
-        return names
+            out.append((lib.ggml_backend_buft_name(bufts[j]).decode(), bufts[j]))
+        return out
     return []
+
+
+def cpu_buffer_types() -> list[str]:
+    """The CPU device's extra weight buffer types (AMX, CPU_REPACK, ...)."""
+    return [name for name, _ in _cpu_extra_bufts()]
+
+
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 @functools.cache
@@ -164,23 +173,31 @@ class Model(Closing):
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
-                 vocab_only: bool = False):
+                 vocab_only: bool = False, avoid_amx: bool | None = None):
         _init_backend()
         self.path = Path(path)
         self.role = role
         self.info = read_info(self.path)  # one clear line for missing, non-GGUF or truncated files
+        # llama.cpp's AMX kernels crash on Q4_K/Q6_K weights (issue 20824). Where a build would use
+        # them, the weights are placed by hand instead: extra buffer types off, and every weight that
+        # repacking takes put into the CPU_REPACK buffer, as a build without AMX would place them.
         problem = system.amx_problem(build_features(), cpu_buffer_types(), {t.type_name for t in self.info.tensors},
                                      llama_cpp_version())
-        if problem and not vocab_only:
-            raise GGUFSpecError(f"{self.path}: {problem}")
+        self.avoids_amx = bool(problem) if avoid_amx is None else avoid_amx
+        params = C.llama_model_default_params()
+        if self.avoids_amx and repack and not vocab_only:
+            self._overrides = self._repack_overrides(n_gpu_layers)
+            params.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+            repack = False
         if n_gpu_layers != 0 and not supports_gpu_offload() and not _state["gpu_warned"]:
             _state["gpu_warned"] = True
             print("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU", file=sys.stderr)
-        params = C.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
         params.vocab_only = bool(vocab_only)
         self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model and problem:
+            raise GGUFSpecError(f"{self.path}: {problem}")
         if not self._model:
             raise GGUFSpecError(
                 f"{self.path}: llama.cpp could not load this {role} (unsupported architecture or damaged file; "
@@ -200,6 +217,19 @@ class Model(Closing):
         self._eog = np.zeros(self.n_vocab, dtype=bool)
         for t in range(self.n_vocab):
             self._eog[t] = C.llama_vocab_is_eog(self._vocab, t)
+
+    def _repack_overrides(self, n_gpu_layers: int):
+        """The NULL-terminated override array for llama_model_params (kept alive on self)."""
+        repack = dict(_cpu_extra_bufts()).get("CPU_REPACK")
+        first_gpu = None
+        if n_gpu_layers and supports_gpu_offload():
+            first_gpu = 0 if n_gpu_layers < 0 else max(0, self.info.n_layers - n_gpu_layers)
+        patterns = system.repack_patterns(self.info.tensors, build_features(), first_gpu) if repack else []
+        self._patterns = [p.encode() for p in patterns]
+        array = (_BuftOverride * (len(patterns) + 1))()
+        for i, p in enumerate(self._patterns):
+            array[i].pattern, array[i].buft = p, repack
+        return array
 
     # -- vocabulary ---------------------------------------------------------------------------
 

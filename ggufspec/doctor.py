@@ -33,8 +33,9 @@ def problems(features: list[str], cpu_buffer_types: list[str], other_machines: l
     """Every known problem here, with its fix; severity 'error' means ggufspec cannot run well."""
     out = []
     if system.amx_active(features, cpu_buffer_types):
-        out.append({"severity": "error", "problem": "this llama-cpp-python build uses llama.cpp's AMX kernels, which crash "
-                    "on Q4_K/Q6_K weights on this CPU (llama.cpp issue 20824); ggufspec refuses such models",
+        out.append({"severity": "warning", "problem": "this llama-cpp-python build uses llama.cpp's AMX kernels, which crash "
+                    "on Q4_K/Q6_K weights on this CPU (llama.cpp issue 20824); ggufspec places such weights itself "
+                    "(repacked, without AMX), but llama_cpp.Llama and other programs on this build will crash",
                     "fix": system.reinstall_command(backend.llama_cpp_version())})
     gpu = system.gpu_problem(features, system.nvidia_gpu_visible())
     if gpu:

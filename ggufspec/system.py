@@ -81,6 +81,29 @@ def reinstall_command(llama_cpp_version: str, extra_cmake: str = "-DGGML_RPC=ON"
             f"llama-cpp-python=={llama_cpp_version}")
 
 
+# Weights of matrix multiplications that llama.cpp's CPU_REPACK buffer takes on x86 (ggml-cpu/repack.cpp,
+# ggml_repack_get_optimal_repack_type): type -> the build feature it needs; rows must come in eights.
+X86_REPACK = {"Q4_0": "AVX2", "Q4_K": "AVX2", "IQ4_NL": "AVX2", "MXFP4": "AVX2", "Q2_K": "AVX512"}
+MATMUL_WEIGHT = re.compile(r"^blk\.(\d+)\.((attn_(q|k|v|output|qkv)|ffn_(gate|up|down))\.weight)$")
+
+
+def repack_patterns(tensors, features: list[str], first_gpu_layer: int | None = None) -> list[str]:
+    """Regexes naming the weights to put in the CPU_REPACK buffer by hand, for a load with
+    llama.cpp's extra buffer types off (which takes AMX out of the way): every matrix weight
+    repacking would take, in layers that stay on the CPU (below first_gpu_layer), as llama.cpp
+    itself would choose them without AMX. One pattern per kind of weight."""
+    layers_by_kind: dict[str, list[str]] = {}
+    for t in tensors:
+        m = MATMUL_WEIGHT.match(t.name)
+        need = X86_REPACK.get(t.type_name)
+        if not m or need not in features or len(t.shape) < 2 or t.shape[1] % 8:
+            continue
+        if first_gpu_layer is not None and int(m.group(1)) >= first_gpu_layer:
+            continue  # offloaded: not ours to place
+        layers_by_kind.setdefault(m.group(2), []).append(m.group(1))
+    return [rf"^blk\.({'|'.join(layers)})\.{re.escape(kind)}$" for kind, layers in sorted(layers_by_kind.items())]
+
+
 def amx_problem(features: list[str], cpu_buffer_types: list[str], tensor_types, llama_cpp_version: str) -> str | None:
     """None, or why loading a model with these weight types would crash here (llama.cpp issue
     20824: its AMX kernels segfault on Q4_K/Q6_K weights), with the command that fixes it."""
