@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -24,15 +25,18 @@ from .gguf_info import read_info
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
-_state = {"verbose": False, "initialised": False, "gpu_warned": False}
+_state = {"verbose": False, "initialised": False, "gpu_warned": False, "capture": None}
 _lock = threading.Lock()
 
 
 @C.llama_log_callback
 def _log_callback(level, text, user_data):
-    # llama.cpp talks a lot while loading; we show it only with --verbose.
+    # llama.cpp talks a lot while loading; we show it only with --verbose (and read what we need).
+    line = text.decode("utf-8", errors="replace")
+    if _state["capture"] is not None:
+        _state["capture"].append(line)
     if _state["verbose"]:
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.write(line)
 
 
 def set_verbose(verbose: bool) -> None:
@@ -83,10 +87,23 @@ def _ggml():
                             ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
                             ("ggml_backend_dev_type", [p], ctypes.c_int), ("ggml_backend_dev_backend_reg", [p], p),
                             ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
-                            ("ggml_backend_buft_name", [p], ctypes.c_char_p)]:
+                            ("ggml_backend_buft_name", [p], ctypes.c_char_p),
+                            ("ggml_backend_reg_by_name", [ctypes.c_char_p], p), ("ggml_backend_register", [p], None),
+                            ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
+                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p)]:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
     return lib
+
+
+def ggml():
+    """ggml's device and backend-registry functions, typed (for `rpc`)."""
+    _init_backend()
+    return _ggml()
+
+
+def supports_rpc() -> bool:
+    return bool(C.llama_supports_rpc())
 
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator", 4: "meta"}
@@ -100,8 +117,9 @@ def devices() -> list[dict]:
         dev = lib.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append({"name": lib.ggml_backend_dev_name(dev).decode(), "description": lib.ggml_backend_dev_description(dev).decode(),
-                    "type": DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
+        name = lib.ggml_backend_dev_name(dev).decode()
+        out.append({"name": name, "description": lib.ggml_backend_dev_description(dev).decode(),
+                    "type": "RPC" if name.startswith("RPC") else DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
                     "free_bytes": free.value, "total_bytes": total.value})
     return out
 
@@ -127,9 +145,29 @@ def _cpu_extra_bufts() -> list[tuple[str, int]]:
     return []
 
 
+def _descriptions() -> dict[str, str]:
+    return {d["name"]: d["description"] for d in devices()}
+
+
 def cpu_buffer_types() -> list[str]:
     """The CPU device's extra weight buffer types (AMX, CPU_REPACK, ...)."""
     return [name for name, _ in _cpu_extra_bufts()]
+
+
+_BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+
+
+def _device_array(names: list[str]):
+    lib = ggml()
+    handles = []
+    for name in names:
+        dev = lib.ggml_backend_dev_by_name(name.encode())
+        if not dev:
+            known = ", ".join(d["name"] for d in devices())
+            raise GGUFSpecError(f"no device named {name!r} here (llama.cpp sees: {known})")
+        handles.append(dev)
+    array = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+    return array
 
 
 class _BuftOverride(ctypes.Structure):
@@ -173,7 +211,7 @@ class Model(Closing):
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
-                 vocab_only: bool = False, avoid_amx: bool | None = None):
+                 vocab_only: bool = False, avoid_amx: bool | None = None, devices: list[str] | None = None):
         _init_backend()
         self.path = Path(path)
         self.role = role
@@ -195,7 +233,21 @@ class Model(Closing):
         params.n_gpu_layers = int(n_gpu_layers)
         params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
         params.vocab_only = bool(vocab_only)
-        self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if devices is not None:  # llama.cpp's -dev: the devices layers may go to (an empty list: the CPU only)
+            self._devices = _device_array(devices)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        self.devices = devices
+        described = _descriptions() if devices else {}
+        # What decides where layers run, for the cost cache: devices by name and what they are.
+        self.placement = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
+        with _lock:
+            _state["capture"] = []
+            try:
+                self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+            finally:
+                log, _state["capture"] = _state["capture"], None
+        # Where llama.cpp put the weights, as it reports it: {buffer name: MiB}.
+        self.buffers = {m.group(1): float(m.group(2)) for m in map(_BUFFER_LINE.search, log) if m}
         if not self._model and problem:
             raise GGUFSpecError(f"{self.path}: {problem}")
         if not self._model:

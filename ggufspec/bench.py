@@ -297,11 +297,12 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
     if llama_cpp_bin and (not settings.ignore_eos or not settings.greedy):
         raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
     sweep = load.n_gpu_layers if isinstance(load.n_gpu_layers, list) else [load.n_gpu_layers]
-    rows, meta, interrupted = [], {}, False
+    rows, meta, interrupted, per_ngl = [], {}, False, []
     for ngl in sweep:
         with_ngl = replace(load, n_gpu_layers=ngl, use_default=True)
         part, meta, interrupted = _bench_one(with_ngl, prompts, settings, by, draft_max_given, llama_cpp_bin,
                                              outputs_dir, progress)
+        per_ngl.append({"n_gpu_layers": ngl, **{k: meta[k] for k in ("costs", "exact_batch", "placement")}})
         if len(sweep) > 1:
             for r in part:
                 r["n_gpu_layers"] = ngl
@@ -310,7 +311,7 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
         if interrupted:
             break
     if len(sweep) > 1:
-        meta["n_gpu_layers"] = sweep
+        meta.update(n_gpu_layers=sweep, sweep=per_ngl)  # each value's own costs and placement
     return BenchResult(rows, meta, interrupted)
 
 
@@ -354,6 +355,6 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
             "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
             "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch, "exact": exact,
             "costs": engine.costs.report(engine.exact_batch if exact else None) if engine.costs else None,
-            "interrupted": interrupted,
+            "placement": engine.placement(), "interrupted": interrupted,
         }
     return out, meta, interrupted

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 
 import click
 
 from .errors import GGUFSpecError
-from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, sampling_options,
-                      split_options, target_option, whole_number)
+from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, rpc_option,
+                      sampling_options, split_options, target_option, whole_number)
 
 
 def user_errors(fn):
@@ -90,7 +91,8 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
         messages = [{"role": "user", "content": chat_message}] if chat_message is not None else None
         tokens = engine.tokenize_prompt(prompt, messages)
         if as_json:
-            click.echo(json.dumps(engine.generate(prompt_tokens=tokens, **settings).to_dict()))
+            click.echo(json.dumps({**engine.generate(prompt_tokens=tokens, **settings).to_dict(),
+                                   "placement": engine.placement()}))
             return
         chunk = None
         for chunk in engine.stream(prompt_tokens=tokens, **settings):
@@ -104,7 +106,7 @@ class BenchProgress:
     """Runs done of total, mode, prompt and time left on one stderr line; silent when stderr is not a terminal."""
 
     def __init__(self):
-        self.live = sys.stderr.isatty()
+        self.live = sys.stderr.isatty() or os.environ.get("GGUFSPEC_STDERR_TTY") == "1"
 
     def __call__(self, p) -> None:
         if self.live:
@@ -230,9 +232,10 @@ def costs_command(as_json, remeasure, **options):
 @click.option("--ram", default=None, help="System memory to plan against (default: this machine's).")
 @ctx_option
 @registry_option
+@rpc_option
 @json_option
 @user_errors
-def plan_command(pair, target, draft, vram, ram, n_ctx, registry, as_json):
+def plan_command(pair, target, draft, vram, ram, n_ctx, registry, rpc, as_json):
     """Plan GPU layer offload for a target and draft within a memory budget.
 
     Reads tensor sizes from the GGUF files (or estimates them from models.toml for files not
@@ -244,23 +247,24 @@ def plan_command(pair, target, draft, vram, ram, n_ctx, registry, as_json):
       ggufspec plan llama-3-70b-instruct --vram 24GiB -c 8192
     """
     from .models import plan_offload
-    from .offload import detect_vram, parse_size, total_ram
+    from .offload import parse_size, total_ram
     from .report import plan_text, to_json
 
-    vram_bytes = parse_size(vram) if vram is not None else detect_vram()
     ram_bytes = parse_size(ram) if ram is not None else total_ram()
-    p = plan_offload(pair, target, draft, registry=registry, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx)
-    click.echo(to_json(p.to_dict()) if as_json else plan_text(p, vram_bytes, ram_bytes, n_ctx))
+    p = plan_offload(pair, target, draft, registry=registry, vram_bytes=parse_size(vram) if vram is not None else None,
+                     ram_bytes=ram_bytes, n_ctx=n_ctx, rpc=rpc)
+    click.echo(to_json(p.to_dict()) if as_json else plan_text(p, p.vram_bytes, ram_bytes, n_ctx))
 
 
 @cli.command()
+@rpc_option
 @json_option
 @user_errors
-def doctor(as_json):
+def doctor(rpc, as_json):
     """What this machine is, what this llama-cpp-python build can do, and what is wrong here.
 
     Python, llama-cpp-python and its build features, the CPU, the devices llama.cpp sees (with
-    free memory), the models directory, this machine's measured costs, and every known problem
+    free memory; RPC servers too, with --rpc), the models directory, this machine's measured costs, and every known problem
     with the command that fixes it. Exits 1 when a problem stops ggufspec from running well.
 
     \b
@@ -270,10 +274,36 @@ def doctor(as_json):
     from .doctor import diagnose
     from .report import doctor_text, to_json
 
-    report = diagnose()
+    report = diagnose(rpc)
     click.echo(to_json(report) if as_json else doctor_text(report))
     if any(p["severity"] == "error" for p in report["problems"]):
         sys.exit(1)
+
+
+@cli.command("rpc-server")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but 127.0.0.1 exposes this machine: llama.cpp's RPC has no "
+                   "authentication or encryption.")
+@click.option("-p", "--port", type=int, default=50052, show_default=True, help="Port to listen on.")
+@click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores).")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep received tensors here, so a model is sent only once.")
+@user_errors
+def rpc_server(host, port, threads, cache_dir):
+    """Serve this machine's CPU to another machine's ggufspec through llama.cpp's RPC backend.
+
+    The same server as llama.cpp's own rpc-server, from the same build. Then on the other
+    machine: ggufspec generate ... --rpc THIS_HOST:PORT. It serves one client at a time.
+
+    \b
+    Example:
+      ggufspec rpc-server --port 50052
+    """
+    from .rpc import WARNING, serve
+
+    if host != "127.0.0.1":
+        click.echo("\n" + WARNING.format(host=host) + "\n", err=True)
+    serve(host, port, threads, cache_dir)
 
 
 @cli.group()
@@ -360,6 +390,10 @@ def models_check(target, draft, registry):
 
 
 def main():
+    if ("--rpc" in sys.argv or os.environ.get("GGUFSPEC_RPC")) and not os.environ.get("GGUFSPEC_CHILD"):
+        from .guard import run_guarded
+
+        sys.exit(run_guarded(sys.argv[1:]))
     cli(prog_name="ggufspec")
 
 

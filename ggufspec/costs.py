@@ -178,7 +178,8 @@ def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
 def _key(ctx: Context) -> str:
     m = ctx.model
     st = m.path.stat()
-    return f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|machine {machine()['id']}"
+    return (f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.placement}"
+            f"|machine {machine()['id']}")
 
 
 def load_cache() -> dict:

@@ -47,7 +47,12 @@ def problems(features: list[str], cpu_buffer_types: list[str], other_machines: l
     return out
 
 
-def diagnose() -> dict:
+def diagnose(rpc: str | None = None) -> dict:
+    """Everything `ggufspec doctor` reports; rpc: servers to register first, so their devices show."""
+    if rpc:
+        from .rpc import add_servers
+
+        add_servers(rpc)
     features = backend.build_features()
     bufts = backend.cpu_buffer_types()
     machine = backend.machine()

@@ -25,6 +25,7 @@ from .compat import check_compatible
 from .costs import costs_for
 from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
+from .rpc import placement
 from .sampling import SamplingParams
 from .speculative import DEFAULT_TIE_MARGIN, Verification, prefill, rounds
 
@@ -189,11 +190,14 @@ class Engine(Closing):
 
     Load once, generate many times: each generation starts from a cleared KV cache.
     Use as a context manager or call `close()`; handles are freed in reverse order.
+    rpc: llama.cpp RPC servers ("host:port", a list or comma-separated) whose devices take the
+    target's layers (-ngl counts them as for a GPU); devices / draft_devices: the device names
+    each model may use (llama.cpp's -dev / -devd; [] or "none" for the CPU alone).
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
-                 remeasure: bool = False):
+                 remeasure: bool = False, rpc=None, devices=None, draft_devices=None):
         if n_ctx < 8:
             raise GGUFSpecError(f"-c/--ctx-size must be at least 8 (got {n_ctx})")
         if n_batch < 1:
@@ -202,11 +206,14 @@ class Engine(Closing):
             raise GGUFSpecError(f"-t/--threads must be at least 1 (got {n_threads})")
         set_verbose(verbose)
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = None
+        # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
+        # spreads over them and the draft stays on this machine.
+        target_devices, draft_devices = placement(rpc, devices, draft_devices)
         try:
-            self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target")
+            self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
             if draft is not None:
-                self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft")
+                self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
                 check_compatible(self.target_model, self.draft_model)
                 self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
         except BaseException:
@@ -224,6 +231,13 @@ class Engine(Closing):
         """Whether greedy rounds verify in bit-exact chunks: as set, or by default when this
         backend has bit-identical batches of 2 tokens or more."""
         return setting if setting is not None else self.exact_batch >= 2
+
+    def placement(self) -> dict:
+        """Where llama.cpp put each model's weights, as it reported it: {role: {buffer: MiB}}."""
+        out = {"target": self.target_model.buffers}
+        if self.draft_model is not None:
+            out["draft"] = self.draft_model.buffers
+        return out
 
     def cost_report(self) -> dict:
         """What `ggufspec costs` prints: the measured table, the ceiling, where each drafter pays."""

@@ -29,6 +29,9 @@ class LoadOptions:
     verbose: bool = False
     remeasure: bool = False
     use_default: bool = False  # no pair and no -m: the registry's default pair
+    rpc: str | None = None  # llama.cpp RPC servers, "host:port[,host:port]": the target's layers go there
+    devices: str | None = None  # llama.cpp's -dev for the target ("RPC0,CUDA0"; "none": the CPU alone)
+    draft_devices: str | None = None  # and -devd for the draft
 
 
 def looks_like_path(text: str) -> bool:
@@ -81,9 +84,15 @@ def open_engine(o: LoadOptions):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults)."""
     from .engine import Engine
     from .offload import resolve_layers
+    from .rpc import free_memory, placement
 
     target, draft, defaults = resolve_models(o.pair, o.target, o.draft, registry=o.registry, offline=o.offline,
                                              use_default=o.use_default)
+    target_devices, draft_devices = placement(o.rpc, o.devices, o.draft_devices)
+    # The planner's budgets: the free memory of the devices each model may use (None: any GPU found).
+    budgets = {} if target_devices is None else {
+        "devices": free_memory(target_devices),
+        "draft_vram_bytes": sum(free_memory(draft_devices or []).values()) if draft else None}
 
     def layers(key):
         value = getattr(o, key)
@@ -91,17 +100,29 @@ def open_engine(o: LoadOptions):
             raise GGUFSpecError("a comma list of layer counts is a sweep: use it with `ggufspec bench`")
         return value if value is not None else defaults.get(key, "auto")
 
-    ngl, ngld = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx)
+    ngl, ngld = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx,
+                               **budgets)
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
-                    draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure)
+                    draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
+                    draft_devices=draft_devices)
     return engine, defaults
 
 
-def plan_offload(pair: str | None, target: str | None, draft: str | None, *, registry=None, vram_bytes: int,
-                 ram_bytes: int, n_ctx: int):
-    """The offload plan for a pair or models, from their GGUF files or, not downloaded, their registry entries."""
-    from .offload import plan, sizes_for
+def plan_offload(pair: str | None, target: str | None, draft: str | None, *, registry=None, vram_bytes: int | None,
+                 ram_bytes: int, n_ctx: int, rpc: str | None = None):
+    """The offload plan for a pair or models, from their GGUF files or, not downloaded, their registry
+    entries. With RPC servers: the target over their devices (split as llama.cpp splits it), the draft
+    on this machine's own GPUs."""
+    from .offload import detect_vram, plan, sizes_for
+    from .rpc import free_memory, placement
 
+    devices = draft_vram = None
+    if rpc:
+        target_devices, draft_devices = placement(rpc)
+        devices = free_memory(target_devices)
+        draft_vram = sum(free_memory(draft_devices).values())
+    if vram_bytes is None:
+        vram_bytes = sum(devices.values()) if devices else detect_vram()
     reg = load_registry(registry)
     target, draft, _ = pair_names(pair, target, draft, reg)
 
@@ -111,7 +132,8 @@ def plan_offload(pair: str | None, target: str | None, draft: str | None, *, reg
         spec = reg.model(name)
         return sizes_for(local_path(spec) or spec)
 
-    return plan(sizes(target), sizes(draft) if draft else None, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx)
+    return plan(sizes(target), sizes(draft) if draft else None, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx,
+                draft_vram_bytes=draft_vram, devices=devices)
 
 
 def status(registry: Registry) -> dict:

@@ -117,6 +117,7 @@ class Plan:
     n_ctx: int
     target: Placement
     draft: Placement | None
+    split: dict | None = None  # target layers per device (device name -> count), as llama.cpp splits them
 
     @property
     def gpu_bytes(self) -> int:
@@ -134,7 +135,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes, "n_ctx": self.n_ctx, "flags": self.flags(),
-                "gpu_bytes": self.gpu_bytes, "cpu_bytes": self.cpu_bytes,
+                "gpu_bytes": self.gpu_bytes, "cpu_bytes": self.cpu_bytes, "split": self.split,
                 "models": [asdict(p) | {"flag": p.flag} for p in (self.target, self.draft) if p]}
 
 
@@ -160,17 +161,41 @@ def _place(m: ModelSizes, role: str, budget: int, n_ctx: int) -> Placement:
     return Placement(m.name, role, n, m.n_layers, used, cpu, kv_layer * m.n_layers, m.estimated)
 
 
-def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_bytes: int, n_ctx: int) -> Plan:
-    """Draft first, fully if it fits; then target layers; refuse if the CPU side exceeds RAM."""
+def split_layers(n_gpu_layers: int, n_layers: int, free_by_device: dict[str, int]) -> dict[str, int]:
+    """How llama.cpp spreads n_gpu_layers (output layer included) over devices by default: in
+    proportion to their free memory, in order (llama-model.cpp, load_tensors: splits)."""
+    names = list(free_by_device)
+    if not names or n_gpu_layers <= 0:
+        return {}
+    total = sum(free_by_device.values()) or len(names)
+    cumulative, running = [], 0.0
+    for name in names:
+        running += (free_by_device[name] or total / len(names)) / total
+        cumulative.append(running)
+    count = dict.fromkeys(names, 0)
+    n = min(n_gpu_layers, n_layers + 1)
+    for j in range(n):  # j-th offloaded layer from the bottom (the last one is the output layer)
+        i = next((k for k, c in enumerate(cumulative) if c > j / n), len(names) - 1)
+        count[names[i]] += 1
+    return count
+
+
+def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_bytes: int, n_ctx: int,
+         draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None) -> Plan:
+    """Draft first, fully if it fits; then target layers; refuse if the CPU side exceeds RAM.
+
+    draft_vram_bytes: the draft's own budget where it goes to other devices than the target (a
+    target on RPC servers, a draft on this machine); devices: the target's devices and their free
+    memory, to show the split across them."""
     if n_ctx < 1:
         raise GGUFSpecError(f"-c must be positive (got {n_ctx})")
     d = None
     budget = max(0, vram_bytes)
     if draft is not None:
-        d = _place(draft, "draft", budget, n_ctx)
-        budget -= d.gpu_bytes
+        d = _place(draft, "draft", budget if draft_vram_bytes is None else max(0, draft_vram_bytes), n_ctx)
+        budget -= d.gpu_bytes if draft_vram_bytes is None else 0
     t = _place(target, "target", budget, n_ctx)
-    p = Plan(vram_bytes, ram_bytes, n_ctx, t, d)
+    p = Plan(vram_bytes, ram_bytes, n_ctx, t, d, split_layers(t.n_gpu_layers, t.n_layers, devices) if devices else None)
     if ram_bytes and p.cpu_bytes > ram_bytes:
         raise GGUFSpecError(
             f"this plan needs {p.cpu_bytes / GiB:.1f} GiB of RAM beside {p.gpu_bytes / GiB:.1f} GiB of VRAM, but the machine "
@@ -217,8 +242,12 @@ def sizes_for(path_or_spec) -> ModelSizes:
     return sizes_from_spec(path_or_spec)
 
 
-def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | None = None) -> tuple[int, int]:
-    """Turn N / 'all' / 'auto' into the n_gpu_layers llama.cpp gets, for target and draft."""
+def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | None = None,
+                   draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None) -> tuple[int, int]:
+    """Turn N / 'all' / 'auto' into the n_gpu_layers llama.cpp gets, for target and draft.
+
+    With the target's devices known (devices: name -> free bytes, e.g. RPC servers), a layer count
+    they cannot hold is refused in one line instead of failing inside llama.cpp."""
     def one(value, sizes_plan):
         if value == "all":
             return -1  # llama.cpp: negative means every layer
@@ -226,10 +255,19 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
             return sizes_plan
         return int(value)
 
+    vram = (sum(devices.values()) if devices else detect_vram()) if vram_bytes is None else vram_bytes
+    if devices and ngl not in ("auto", 0, None):
+        t = sizes_for(target)
+        fits = _place(t, "target", vram, n_ctx).n_gpu_layers
+        wanted = t.n_layers + 1 if ngl == "all" else min(int(ngl), t.n_layers + 1)
+        if wanted > fits:
+            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {vram / GiB:.1f} GiB free, "
+                                f"room for {fits} of its {t.n_layers + 1} layers; use -ngl {fits} or -ngl auto, or add a server")
     if "auto" not in (ngl, ngld):
         return one(ngl, 0), one(ngld, 0)
-    vram = detect_vram() if vram_bytes is None else vram_bytes
-    if vram <= 0:
+    dvram = vram if draft_vram_bytes is None else draft_vram_bytes
+    if vram <= 0 and dvram <= 0:
         return one(ngl, 0), one(ngld, 0)  # nothing to plan: everything stays on the CPU
-    p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=0, n_ctx=n_ctx)
+    p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=0, n_ctx=n_ctx,
+             draft_vram_bytes=draft_vram_bytes)
     return one(ngl, p.target.n_gpu_layers), one(ngld, p.draft.n_gpu_layers if p.draft else 0)

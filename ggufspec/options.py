@@ -38,8 +38,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 ctx_option = click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens.")
 target_option = click.option("-m", "--model", "target", help="Target model: a .gguf path or a model name from models.toml.")
 draft_option = click.option("-md", "--model-draft", "draft", help="Draft model: a .gguf path or a model name.")
+rpc_option = click.option("--rpc", default=None, envvar="GGUFSPEC_RPC", metavar="HOST:PORT[,...]",
+                          help="llama.cpp RPC servers (`ggufspec rpc-server` on each): the target's layers go there, "
+                               "the draft stays here.")
 LOAD_KEYS = ("pair", "target", "draft", "n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_threads",
-             "registry", "offline", "verbose")
+             "registry", "offline", "verbose", "rpc", "devices", "draft_devices")
 
 
 def model_options(fn):
@@ -53,7 +56,11 @@ def model_options(fn):
         ctx_option,
         click.option("-b", "--batch-size", "n_batch", type=int, default=512, show_default=True, help="Logical batch size."),
         click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads (default: physical cores)."),
-        registry_option,
+        registry_option, rpc_option,
+        click.option("-dev", "--device", "devices", default=None,
+                     help="Devices the target may use, e.g. RPC0,RPC1 ('none': the CPU alone; default: all, or the RPC ones with --rpc)."),
+        click.option("-devd", "--device-draft", "draft_devices", default=None,
+                     help="Devices the draft may use (default: all, or this machine's own with --rpc)."),
         click.option("--offline", is_flag=True, help="Never reach the Hugging Face Hub; use local or cached files."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ])

@@ -109,7 +109,14 @@ def bench_table(rows: list[dict], *, grouped: bool, wide: bool = False, as_markd
 
 
 def bench_footer(meta: dict) -> str:
-    """The measured costs and the ceiling under the table."""
+    """The measured costs and the ceiling under the table (for each -ngl value of a sweep)."""
+    if meta.get("sweep"):
+        return "\n".join(f"-ngl {m['n_gpu_layers']} ({', '.join(k for k in m['placement']['target'])}): "
+                         + _costs_line(m) for m in meta["sweep"])
+    return _costs_line(meta)
+
+
+def _costs_line(meta: dict) -> str:
     c = meta.get("costs")
     if not c:
         return ""
@@ -182,8 +189,10 @@ def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:
         table(rows, [("model", "model"), ("role", "role"), ("layers", "layers on GPU"), ("gpu", "GPU"), ("cpu", "CPU"),
                      ("kv", "KV cache")]), "",
         f"budget {vram_bytes / gib:.1f} GiB VRAM ({p.gpu_bytes / gib:.1f} used), {ram_bytes / gib:.1f} GiB RAM "
-        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}",
-        f"flags: {p.flags()}"])
+        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}"]
+        + ([f"target layers by device: {', '.join(f'{d} {n}' for d, n in p.split.items())} (output layer included)"]
+           if p.split else [])
+        + [f"flags: {p.flags()}"])
 
 
 def models_text(out: dict) -> str:

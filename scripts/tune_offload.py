@@ -6,8 +6,11 @@ around the plan and each --draft-max with the bench code (speculative and auto m
 target-only, greedy, on the same prompts), prints the table and the best setting, and with
 --write saves it as the pair's defaults in the user's models.toml.
 
-    python scripts/tune_offload.py [PAIR] [-m T -md D] [--vram 24GiB] [-c 4096]
+    python scripts/tune_offload.py [PAIR] [-m T -md D] [--vram 24GiB] [--rpc HOST:PORT,...] [-c 4096]
                                    [--draft-max 1,2,3,4] [--suite code] [--limit 1] [-n 64] [--repeats 2] [--write]
+
+With --rpc the target's layers go to llama.cpp RPC servers (their free memory is the budget) and
+the draft stays on this machine, as in `ggufspec generate --rpc`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ggufspec.offload import detect_vram, parse_size, plan, sizes_for, total_ram
 from ggufspec.paths import user_registry
 from ggufspec.prompts import load_suite
 from ggufspec.registry import load_registry, save_pair_defaults
+from ggufspec.rpc import free_memory, placement
 from ggufspec.report import table
 
 
@@ -39,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("-m", dest="target")
     ap.add_argument("-md", dest="draft")
     ap.add_argument("--vram", default=None)
+    ap.add_argument("--rpc", default=None, help="llama.cpp RPC servers for the target, HOST:PORT[,HOST:PORT]")
     ap.add_argument("-c", dest="n_ctx", type=int, default=4096)
     ap.add_argument("--draft-max", default="1,2,3,4")
     ap.add_argument("--suite", default="code")
@@ -53,12 +58,14 @@ def main(argv=None) -> int:
         draft_max = tuple(int(x) for x in a.draft_max.split(","))
         existing = a.registry if a.registry and Path(a.registry).exists() else None  # --write may create it
         target, draft, defaults = resolve_models(a.pair, a.target, a.draft, registry=existing, use_default=True)
-        vram = parse_size(a.vram) if a.vram else detect_vram()
+        t_devices, d_devices = placement(a.rpc)
+        vram = parse_size(a.vram) if a.vram else sum(free_memory(t_devices).values()) if a.rpc else detect_vram()
+        d_vram = sum(free_memory(d_devices).values()) if a.rpc else None
         t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None
-        p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=a.n_ctx)
+        p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=a.n_ctx, draft_vram_bytes=d_vram)
         if supports_gpu_offload() and vram > 0:
             ngls = candidates(p.target.n_gpu_layers, t_sizes.n_layers, a.step)
-            nglds = sorted({p.draft.n_gpu_layers, d_sizes.n_layers + 1}) if d_sizes else [0]
+            nglds = sorted({p.draft.n_gpu_layers, d_sizes.n_layers + 1}) if d_sizes and d_vram != 0 else [0]
         else:
             print("this llama.cpp build has no GPU support (or no VRAM was given): layers stay on the CPU; "
                   "tuning the drafting settings only", file=sys.stderr)
@@ -67,7 +74,8 @@ def main(argv=None) -> int:
         results = []
         for ngl in ngls:
             for ngld in nglds:
-                with Engine(target, draft, n_ctx=a.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld) as engine:
+                with Engine(target, draft, n_ctx=a.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld,
+                            devices=t_devices, draft_devices=d_devices) as engine:
                     settings = B.BenchSettings(("target", "draft", "auto"), draft_max, a.n, a.repeats, 1, True, {})
                     runs = B.run(engine, prompts, settings, [])
                     for row in B.rows(runs, engine, settings):

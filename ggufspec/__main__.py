@@ -1,0 +1,5 @@
+"""`python -m ggufspec` is the `ggufspec` command."""
+
+from .cli import main
+
+main()

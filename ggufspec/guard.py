@@ -1,0 +1,65 @@
+"""Runs a command that talks to RPC servers in a child process.
+
+llama.cpp's RPC client ends the whole process (GGML_ABORT) when a server's connection breaks in
+the middle of a run; nothing in-process can catch that. The child does the work with the same
+arguments; its output passes through as it comes; llama.cpp's abort message is held back and a
+child that died of it becomes one line and exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+# ggml's abort format: "path/file.cpp:LINE: message"; and what comes after it.
+_GGML_LINE = re.compile(rb"^\S+\.(c|cpp|h):\d+: ")
+_NOISE = re.compile(rb"^(GGML_ABORT|\[New LWP|#\d+ +0x)")
+
+
+def run_guarded(args: list[str]) -> int:
+    env = dict(os.environ, GGUFSPEC_CHILD="1", GGML_NO_BACKTRACE="1")
+    if sys.stderr.isatty():
+        env["GGUFSPEC_STDERR_TTY"] = "1"  # the child's stderr is a pipe: let it show progress anyway
+    proc = subprocess.Popen([sys.executable, "-m", "ggufspec", *args], stderr=subprocess.PIPE, env=env)
+    held = []
+    try:
+        buffer = b""
+        while True:
+            data = os.read(proc.stderr.fileno(), 4096)
+            if not data:
+                break
+            *lines, buffer = re.split(rb"(?<=[\r\n])", buffer + data)  # whole lines; "\r" ends a progress line
+            for line in lines:
+                if _GGML_LINE.match(line) or _NOISE.match(line):
+                    held.append(line)
+                else:
+                    sys.stderr.buffer.write(line)
+                    sys.stderr.flush()
+        if buffer:
+            sys.stderr.buffer.write(buffer)
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        return 130
+    if code >= 0 and not (code and held):
+        return code
+    what = b" ".join(h.strip() for h in held).decode("utf-8", "replace")
+    servers = os.environ.get("GGUFSPEC_RPC") or _rpc_arg(args) or "the RPC servers"
+    reason = "an RPC server stopped answering in the middle of the run" if "RPC" in what or "rpc" in what else \
+        f"llama.cpp ended the process ({what or 'signal ' + str(-code)})"
+    print(f"Error: {reason} ({servers}); llama.cpp ends the process when an RPC connection breaks: check that "
+          "`ggufspec rpc-server` still runs there, then run the command again", file=sys.stderr)
+    return 1
+
+
+def _rpc_arg(args: list[str]) -> str | None:
+    for i, a in enumerate(args):
+        if a == "--rpc" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--rpc="):
+            return a.split("=", 1)[1]
+    return None
