@@ -177,7 +177,8 @@ class _BuftOverride(ctypes.Structure):
 @functools.cache
 def machine() -> dict:
     """This machine's identity (CPU, build features, devices, llama.cpp version) and its id."""
-    return system.describe(system.cpu_model(), build_features(), devices(), llama_cpp_version())
+    local = [d for d in devices() if d["type"] != "RPC"]  # remote devices are part of a model's placement
+    return system.describe(system.cpu_model(), build_features(), local, llama_cpp_version())
 
 
 def default_threads() -> int:

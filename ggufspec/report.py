@@ -221,7 +221,9 @@ def doctor_text(r: dict) -> str:
     if r["costs"]:
         lines.append("measured costs on this machine:")
         for c in r["costs"]:
-            lines.append(f"  {c['model']}: target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
+            where = "" if c["placement"] == "default" else f", devices {c['placement']}"
+            lines.append(f"  {Path(c['model']).name} ({c['threads']} threads, -ngl {c['n_gpu_layers']}{where}): "
+                         f"target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
                          f"{c['exact_batch']}, ceiling {c['ceiling_speedup']:.2f}x")
     else:
         lines.append("measured costs on this machine: none yet (`ggufspec costs` measures them)")

@@ -14,6 +14,19 @@ REAL_MODELS_DIR = Path(os.environ.get("GGUFSPEC_MODELS_DIR") or
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_session(tmp_path_factory):
+    """Module- and session-scoped fixtures (engines that measure costs) are set up before the
+    per-test isolation below: they too must not touch the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        base = tmp_path_factory.mktemp("home")
+        mp.setenv("XDG_CACHE_HOME", str(base / "cache"))
+        mp.setenv("XDG_CONFIG_HOME", str(base / "config"))
+        mp.setenv("GGUFSPEC_MODELS_DIR", str(base / "models"))
+        mp.setenv("HF_HOME", str(base / "hf"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path, monkeypatch):
     """Every test gets its own cache, models directory and config; nothing touches the user's."""

@@ -244,3 +244,34 @@ def test_llama_cpp_reports_the_layers_it_offloaded_to_the_server(tiny, server):
     r = ggufspec("generate", "-m", tiny["target"], "-p", "hi", "-n", "2", "--rpc", server, "-ngl", "2", "--verbose")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "offloaded 2/3 layers to GPU" in r.stderr
+
+
+# --- the real pair (slow tier) --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_real_pair_over_one_and_two_servers():
+    """Greedy output over RPC equals local target-only decoding; the target's layers are on the
+    servers, the draft's at home."""
+    from conftest import real_model
+
+    target, draft = real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    base = ["generate", "-m", target, "--chat", "Write a function to reverse a linked list in C.", "-n", 32, "--json"]
+    local = ggufspec(*base, "--mode", "target")
+    assert local.returncode == 0, local.stderr
+    reference = json.loads(local.stdout)["tokens"]
+    servers = [start_server(), start_server()]
+    try:
+        for endpoints in ([servers[0][1]], [s[1] for s in servers]):
+            r = ggufspec(*base, "-md", draft, "--mode", "draft", "--draft-max", 3, "--rpc", ",".join(endpoints),
+                         "-ngl", "all", timeout=600)
+            assert r.returncode == 0, r.stderr
+            out = json.loads(r.stdout)
+            assert out["tokens"] == reference, endpoints
+            remote = {k.split("[")[1].rstrip("]") for k in out["placement"]["target"] if k.startswith("RPC")}
+            assert remote == set(endpoints)
+            assert not any(k.startswith("RPC") for k in out["placement"]["draft"])
+            assert out["stats"]["n_accepted"] > 0
+    finally:
+        for proc, _ in servers:
+            stop(proc)
