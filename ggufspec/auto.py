@@ -2,7 +2,7 @@
 
 Leviathan et al. (2023), section 3.4: with acceptance rate a, a draft of n tokens yields
 E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass. Dividing by what the round costs
-here (n draft steps plus the verify batch, from the measured cost table, chunked and cut short
+here (n draft steps plus the verify batch, from the measured cost table, in bit-exact batches cut short
 at the first rejection when verification is exact; see `costs`) gives expected tokens per
 second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no
 draft, a prompt-lookup draft (its alpha tracked by how far back the match agrees with the
@@ -100,12 +100,13 @@ class AutoDrafter(Drafter):
         return self.costs.batch_seconds(1) * self.target_scale
 
     @property
-    def chunk(self) -> int | None:
+    def verify_batch(self) -> int | None:
+        """Exact verification's largest batch; None: one batch per round."""
         return self.exact_batch if self.exact else None
 
     def verify_cost(self, n_rows: int, a: float) -> float:
-        """Expected seconds to verify n_rows; exact mode decodes chunks and stops at a rejection."""
-        return self.costs.verify_seconds(n_rows, self.chunk, a) * self.target_scale
+        """Expected seconds to verify n_rows; exact mode decodes bit-exact batches and stops at a rejection."""
+        return self.costs.verify_seconds(n_rows, self.verify_batch, a) * self.target_scale
 
     def _rescale(self, scale: float, observed: float, expected: float) -> float:
         ratio = min(self.clip, max(1 / self.clip, observed / (expected * scale)))
@@ -115,15 +116,15 @@ class AutoDrafter(Drafter):
     # target_scale times that, which is the same as a draft step target_scale times cheaper.
     def rate(self, a: float, n_draft: int, draft_step: float) -> float:
         """Expected tokens per second of a round drafting n_draft tokens now."""
-        return self.costs.speedup(a, n_draft, draft_step / self.target_scale, self.chunk) / self.step_cost
+        return self.costs.speedup(a, n_draft, draft_step / self.target_scale, self.verify_batch) / self.step_cost
 
     def best_length(self, a: float, draft_step: float, draft_max: int = 8) -> tuple[float, int]:
         """(speed-up over plain decoding, draft length) of the best round at acceptance rate a."""
-        return self.costs.best_length(a, draft_step / self.target_scale, self.chunk, draft_max)
+        return self.costs.best_length(a, draft_step / self.target_scale, self.verify_batch, draft_max)
 
     def break_even(self, draft_step: float, draft_max: int = 8) -> float | None:
         """The smallest acceptance rate at which this drafter is used at all."""
-        return self.costs.break_even(draft_step / self.target_scale, self.chunk, self.margin, draft_max)
+        return self.costs.break_even(draft_step / self.target_scale, self.verify_batch, self.margin, draft_max)
 
     # -- the choice ---------------------------------------------------------------------------
 

@@ -188,7 +188,7 @@ def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], posi
 def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "all") -> list[dict]:
     """Aggregate runs into rows: one per configuration (and per suite or prompt if asked)."""
     exact = engine.exact_for(settings.generation.get("exact"))
-    chunk = engine.exact_batch if exact else None
+    verify_batch = engine.exact_batch if exact else None
     reference = {(r.prompt, r.repeat): r for r in runs if r.config.mode == "target"}
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
@@ -233,7 +233,7 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             draft_cost = (costs.draft_token_seconds if config.mode == "draft" else 0.0) or 0.0
             row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, draft_cost / costs.target_token_seconds)
             # the same expectation with the verify batch's measured cost instead of one step's
-            row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, chunk)
+            row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, verify_batch)
         out.append(row)
     return out
 

@@ -50,49 +50,50 @@ class Costs:
         t = self.target_batch_seconds
         return t[n - 1] if n <= len(t) else t[-1] / len(t) * n
 
-    def verify_seconds(self, n: int, chunk: int | None = None, alpha: float = 1.0) -> float:
-        """Expected seconds to verify n tokens, in one batch or in chunks of `chunk`.
+    def verify_seconds(self, n: int, exact_batch: int | None = None, alpha: float = 1.0) -> float:
+        """Expected seconds to verify n tokens, in one batch or (exact verification) in batches of
+        at most exact_batch.
 
-        A chunk starting at row s runs only if the s drafts before it were all accepted
-        (probability alpha**s): exact verification stops at the first rejected chunk.
+        A batch starting at row s runs only if the s drafts before it were all accepted
+        (probability alpha**s): exact verification stops at the first rejected batch.
         """
-        if not chunk or n <= chunk:
+        if not exact_batch or n <= exact_batch:
             return self.batch_seconds(n)
         cost, start = 0.0, 0
         while start < n:
-            m = min(chunk, n - start)
+            m = min(exact_batch, n - start)
             cost += alpha ** start * self.batch_seconds(m)
             start += m
         return cost
 
-    def ceiling(self, chunk: int | None = None) -> tuple[float, int]:
+    def ceiling(self, exact_batch: int | None = None) -> tuple[float, int]:
         """(best speed-up any drafter could give, tokens per round that give it): every draft
         accepted and drafting free, so a round of n tokens costs one verify of n rows."""
         t1 = self.batch_seconds(1)
-        rates = [(n * t1 / self.verify_seconds(n, chunk), n) for n in range(1, len(self.target_batch_seconds) + 1)]
+        rates = [(n * t1 / self.verify_seconds(n, exact_batch), n) for n in range(1, len(self.target_batch_seconds) + 1)]
         return best_rate(rates)
 
     @property
     def target_token_seconds(self) -> float:
         return self.target_batch_seconds[0]
 
-    def speedup(self, alpha: float, n_draft: int, draft_step: float, chunk: int | None = None) -> float:
+    def speedup(self, alpha: float, n_draft: int, draft_step: float, exact_batch: int | None = None) -> float:
         """Expected speed-up over plain decoding of rounds drafting n_draft tokens at draft_step
-        seconds each, verified in one batch or in chunks of `chunk`."""
-        seconds = n_draft * draft_step + self.verify_seconds(n_draft + 1, chunk, alpha)
+        seconds each, verified in one batch or in batches of at most exact_batch."""
+        seconds = n_draft * draft_step + self.verify_seconds(n_draft + 1, exact_batch, alpha)
         return expected_tokens(alpha, n_draft) * self.target_token_seconds / seconds
 
-    def best_length(self, alpha: float, draft_step: float, chunk: int | None = None,
+    def best_length(self, alpha: float, draft_step: float, exact_batch: int | None = None,
                     draft_max: int = 8) -> tuple[float, int]:
         """(speed-up, draft length) of the best round at acceptance rate alpha."""
-        return best_rate([(self.speedup(alpha, n, draft_step, chunk), n) for n in range(1, draft_max + 1)])
+        return best_rate([(self.speedup(alpha, n, draft_step, exact_batch), n) for n in range(1, draft_max + 1)])
 
-    def break_even(self, draft_step: float, chunk: int | None = None, margin: float = MARGIN,
+    def break_even(self, draft_step: float, exact_batch: int | None = None, margin: float = MARGIN,
                    draft_max: int = 8) -> float | None:
         """The smallest acceptance rate at which drafting beats plain decoding by `margin`;
         None when even an always-right drafter would not."""
         def pays(a: float) -> bool:
-            return self.best_length(a, draft_step, chunk, draft_max)[0] > margin
+            return self.best_length(a, draft_step, exact_batch, draft_max)[0] > margin
 
         if not pays(1.0):
             return None
@@ -102,16 +103,16 @@ class Costs:
             lo, hi = (lo, mid) if pays(mid) else (mid, hi)
         return hi
 
-    def report(self, chunk: int | None) -> dict:
+    def report(self, exact_batch: int | None) -> dict:
         """The ceiling, and for each kind of drafter where it starts to pay (`ggufspec costs`)."""
-        ceiling, ceiling_n = self.ceiling(chunk)
+        ceiling, ceiling_n = self.ceiling(exact_batch)
         steps = {"lookup": 0.0}
         if self.draft_token_seconds:
             steps["draft model"] = self.draft_token_seconds
         drafters = {}
         for name, step in steps.items():
-            best, n = self.best_length(1.0, step, chunk)
-            drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, chunk),
+            best, n = self.best_length(1.0, step, exact_batch)
+            drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, exact_batch),
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
                 "exact_batch": self.exact_batch, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,

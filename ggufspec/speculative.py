@@ -49,7 +49,7 @@ class Round:
 @dataclass(frozen=True)
 class Verification:
     """How greedy rounds are checked. exact_batch: the largest batch this backend computes
-    bit-identically to one-token decoding. exact: verify in chunks of that size (identity by
+    bit-identically to one-token decoding. exact: verify in batches of at most that size (identity by
     construction); otherwise one batch, with near-ties (top-2 gap < tie_margin) re-decoded."""
 
     exact_batch: int = 1
@@ -57,14 +57,14 @@ class Verification:
     tie_margin: float = DEFAULT_TIE_MARGIN
 
 
-def _verify_rows(target: Context, inputs: list[int], chunk: int, draft_tokens: list[int]) -> np.ndarray:
-    """Greedy target rows for `inputs`, decoded in chunks of at most `chunk` tokens.
+def _verify_rows(target: Context, inputs: list[int], exact_batch: int, draft_tokens: list[int]) -> np.ndarray:
+    """Greedy target rows for `inputs`, decoded in batches of at most exact_batch tokens.
 
-    Stops after the first chunk holding a rejection: later rows could not be used anyway.
+    Stops after the first batch holding a rejection: later rows could not be used anyway.
     """
     rows = []
-    for start in range(0, len(inputs), chunk):
-        part = target.decode(inputs[start:start + chunk], logits="all")
+    for start in range(0, len(inputs), exact_batch):
+        part = target.decode(inputs[start:start + exact_batch], logits="all")
         rows.append(part.copy())  # the view dies with the next decode
         drafts = draft_tokens[start:start + len(part)]
         if len(drafts) < len(part) or any(int(c) != int(d) for c, d in zip(part.argmax(axis=1), drafts)):

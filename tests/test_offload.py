@@ -102,7 +102,7 @@ def test_layer_values_reach_the_model(tiny):
         assert e.generate("hi", max_tokens=3).tokens  # llama.cpp loaded and ran with them
 
 
-@pytest.mark.skipif(not backend.supports_gpu_offload(), reason="this llama.cpp build has no GPU backend")
+@pytest.mark.skipif(not backend.supports_gpu_offload(), reason="no GPU here (tests/test_rpc.py checks the same log with a layer-taking RPC device)")
 def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
     backend.set_verbose(True)
     try:

@@ -275,3 +275,17 @@ def test_the_real_pair_over_one_and_two_servers():
     finally:
         for proc, _ in servers:
             stop(proc)
+
+
+def test_a_port_in_use(tiny):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        line = one_line(ggufspec("rpc-server", "--port", s.getsockname()[1], timeout=30))
+    assert "cannot listen on 127.0.0.1:" in line
+
+
+def test_an_unknown_device_name(tiny):
+    r = CliRunner().invoke(cli, ["generate", "-m", str(tiny["target"]), "-p", "hi", "-dev", "CUDA7"])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 1 and len(lines) == 1 and "no device named 'CUDA7' here (llama.cpp sees: CPU" in lines[0]
