@@ -90,7 +90,7 @@ def _ggml():
                             ("ggml_backend_buft_name", [p], ctypes.c_char_p),
                             ("ggml_backend_reg_by_name", [ctypes.c_char_p], p), ("ggml_backend_register", [p], None),
                             ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
-                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p)]:
+                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p)]:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
     return lib
@@ -124,25 +124,24 @@ def devices() -> list[dict]:
     return out
 
 
+def cpu_device():
+    """The CPU's ggml device handle (None on a build without one)."""
+    return ggml().ggml_backend_dev_by_type(0)
+
+
 def _cpu_extra_bufts() -> list[tuple[str, int]]:
     """(name, handle) of the CPU device's extra weight buffer types, in the order llama.cpp tries them."""
-    _init_backend()
-    lib = _ggml()
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        if lib.ggml_backend_dev_type(dev) != 0:
-            continue
-        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
-        if not address:
-            return []
-        bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(dev)
-        out = []
-        for j in range(16):  # NULL-terminated
-            if not bufts[j]:
-                break
-            out.append((lib.ggml_backend_buft_name(bufts[j]).decode(), bufts[j]))
-        return out
-    return []
+    lib, dev = ggml(), cpu_device()
+    address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts") if dev else None
+    if not address:
+        return []
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(dev)
+    out = []
+    for j in range(16):  # NULL-terminated
+        if not bufts[j]:
+            break
+        out.append((lib.ggml_backend_buft_name(bufts[j]).decode(), bufts[j]))
+    return out
 
 
 def _descriptions() -> dict[str, str]:

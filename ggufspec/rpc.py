@@ -121,11 +121,10 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, threads: int | None
     """Run llama.cpp's RPC server on this machine's CPU until the process ends."""
     if not backend.supports_rpc():
         raise GGUFSpecError(NO_RPC_BUILD)
-    lib = backend.ggml()
-    cpu = next((i for i in range(lib.ggml_backend_dev_count()) if lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i)) == 0), None)
+    lib, cpu = backend.ggml(), backend.cpu_device()
     reg_rpc = lib.ggml_backend_reg_by_name(b"RPC")
     address = lib.ggml_backend_reg_get_proc_address(reg_rpc, b"ggml_backend_rpc_start_server") if reg_rpc else None
-    if cpu is None or not address:
+    if not cpu or not address:
         raise GGUFSpecError(NO_RPC_BUILD)
     with socket.socket() as s:  # fail in one line where llama.cpp would print and return
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -135,7 +134,7 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, threads: int | None
             raise GGUFSpecError(f"rpc-server: cannot listen on {host}:{port} ({e.strerror or e})") from None
     start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
                              ctypes.POINTER(ctypes.c_void_p))(address)
-    devices = (ctypes.c_void_p * 2)(lib.ggml_backend_dev_get(cpu), None)
+    devices = (ctypes.c_void_p * 2)(cpu, None)
     start(f"{host}:{port}".encode(), cache_dir.encode() if cache_dir else None, threads or backend.default_threads(), 1,
           devices)
 
