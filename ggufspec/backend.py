@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import llama_cpp as C
+from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: F401 (ggufspec.llama_draft's base class)
 
 from . import system
 from .errors import ContextFullError, GGUFSpecError

@@ -1,0 +1,111 @@
+"""GGUFDraftModel inside llama-cpp-python's own Llama: same text as Llama alone, greedy and sampled."""
+
+import numpy as np
+import pytest
+from llama_cpp import Llama
+
+from ggufspec import GGUFDraftModel, GGUFSpecError
+
+NO_EOS = {2: -1000.0}  # the tiny models' end-of-generation token: keep them talking
+
+
+def llama(path, draft=None, **kw):
+    return Llama(model_path=str(path), n_ctx=1024, n_batch=16, draft_model=draft, verbose=False, seed=0, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny):
+    return llama(tiny["target"])
+
+
+@pytest.mark.parametrize("mode", ["draft", "lookup", "auto"])
+def test_greedy_text_equals_llama_alone_past_n_batch(tiny, plain, mode):
+    """The path a user writes first (no logits_all) works past n_batch (16 here) and changes nothing."""
+    draft = GGUFDraftModel(tiny["close"], target=tiny["target"], mode=mode, n_ctx=1024)
+    spec = llama(tiny["target"], draft)
+    for prompt in ("hello world", "def f(x):", "hello world again"):  # the third shares a prefix: reused
+        a = plain.create_completion(prompt, max_tokens=200, temperature=0, logit_bias=NO_EOS)
+        b = spec.create_completion(prompt, max_tokens=200, temperature=0, logit_bias=NO_EOS)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"] and a["usage"]["completion_tokens"] > 16, prompt
+    if mode != "auto":  # auto may rightly decline to draft on tiny models
+        assert draft.stats["drafted"] > 0 and 0 < draft.acceptance_rate <= 1
+        assert set(draft.stats["by_source"]) == {mode}
+    draft.close()
+
+
+def test_chat_streaming_and_stop_strings(tiny, plain):
+    draft = GGUFDraftModel(tiny["close"], target=tiny["target"], mode="draft")
+    spec = llama(tiny["target"], draft, logits_all=True)  # the chat prompt is longer than n_batch (16)
+    messages = [{"role": "user", "content": "hi there"}]
+    a = plain.create_chat_completion(messages, max_tokens=80, temperature=0, logit_bias=NO_EOS)
+    b = spec.create_chat_completion(messages, max_tokens=80, temperature=0, logit_bias=NO_EOS)
+    assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+    full = a["choices"][0]["message"]["content"]
+    def stream(model):  # (Llama's own streaming drops bytes of a character split across tokens, draft or not)
+        return "".join(c["choices"][0]["text"] for c in model.create_completion(
+            "hello world", max_tokens=60, temperature=0, logit_bias=NO_EOS, stream=True))
+
+    streamed = stream(spec)
+    assert streamed == stream(plain) and len(streamed) > 20
+    text = plain.create_completion("hello world", max_tokens=60, temperature=0, logit_bias=NO_EOS)["choices"][0]["text"]
+    stop = text[12:14]
+    cut = [m.create_completion("hello world", max_tokens=60, temperature=0, logit_bias=NO_EOS, stop=[stop])
+           for m in (plain, spec)]
+    assert cut[1]["choices"][0]["text"] == cut[0]["choices"][0]["text"] == text[: text.index(stop)]
+    assert cut[1]["choices"][0]["finish_reason"] == "stop"
+    assert full and draft.stats["drafted"] > 0
+
+
+def _first_two(model, n, temperature):
+    """Counts of the first two sampled tokens over n generations (Llama.generate, no filters)."""
+    prompt, counts = [1, 5, 6], {}
+    for _ in range(n):
+        gen = model.generate(prompt, top_k=0, top_p=1.0, min_p=0.0, temp=temperature, reset=True)
+        pair = (next(gen), next(gen))
+        gen.close()
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _two_sample_chi2(a: dict, b: dict) -> tuple[float, int]:
+    keys = [k for k in set(a) | set(b) if a.get(k, 0) + b.get(k, 0) >= 10]
+    rest = (sum(v for k, v in a.items() if k not in keys), sum(v for k, v in b.items() if k not in keys))
+    rows = [(a.get(k, 0), b.get(k, 0)) for k in keys] + ([rest] if sum(rest) else [])
+    na, nb = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    stat = 0.0
+    for x, y in rows:
+        total = x + y
+        ex, ey = total * na / (na + nb), total * nb / (na + nb)
+        stat += (x - ex) ** 2 / ex + (y - ey) ** 2 / ey
+    return stat, len(rows) - 1
+
+
+def _critical(df: int, z: float = 3.719) -> float:  # upper 1e-4 quantile (Wilson-Hilferty)
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_text_follows_llamas_own_distribution(tiny):
+    """Llama keeps a drafted token only when it equals its own sample: the first two tokens must be
+    distributed as without a draft. Negative control: another temperature is told apart."""
+    plain = llama(tiny["letters"])
+    spec = llama(tiny["letters"], GGUFDraftModel(tiny["letters_sharp"], mode="draft"))
+    n = 1500
+    a, b = _first_two(plain, n, 1.0), _first_two(spec, n, 1.0)
+    stat, df = _two_sample_chi2(a, b)
+    assert stat < _critical(df), f"with a draft the samples differ: chi2 {stat:.1f} on {df} df"
+    hot = _first_two(plain, n, 1.6)
+    stat_hot, df_hot = _two_sample_chi2(a, hot)
+    assert stat_hot > _critical(df_hot), "the test cannot tell temperature 1.0 from 1.6: it has no power"
+
+
+def test_bad_drafts_are_one_error_and_leave_nothing_open(tiny, tmp_path):
+    with pytest.raises(GGUFSpecError, match="cannot draft for"):
+        GGUFDraftModel(tiny["other_vocab"], target=tiny["target"], mode="draft")
+    with pytest.raises(GGUFSpecError, match="no such file"):
+        GGUFDraftModel(tmp_path / "missing.gguf", mode="draft")
+    with pytest.raises(GGUFSpecError, match="needs target="):
+        GGUFDraftModel(tiny["close"], mode="auto")
+    with pytest.raises(GGUFSpecError, match="-c/--ctx-size|n_ctx"):
+        GGUFDraftModel(tiny["close"], mode="draft", n_ctx=4)
+    with pytest.raises(GGUFSpecError, match="mode must be one of"):
+        GGUFDraftModel(tiny["close"], mode="magic")
