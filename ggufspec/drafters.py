@@ -64,6 +64,11 @@ class ModelDrafter(Drafter):
             self.kv_tokens = list(prompt_tokens[:-1])
             self._committed = len(self.kv_tokens)
 
+    def follow(self) -> None:
+        """The next history may not extend the last one (a new prompt, a retry, a chat's next turn):
+        the next sync keeps whatever prefix of the KV cache it shares and rewinds the rest."""
+        self._committed = 0
+
     def _sync(self, history: list[int]) -> list[int]:
         """Drop rejected drafts from the KV cache; return the history tokens it has not seen."""
         i = self._committed

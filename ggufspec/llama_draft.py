@@ -115,7 +115,7 @@ class GGUFDraftModel(LlamaDraftModel):
         self._pending = None
         self.lookup.reset(history)
         if self.model_drafter is not None:
-            self.model_drafter._committed = 0  # its next sync finds the shared prefix itself
+            self.model_drafter.follow()
 
     def _observe(self, history: list[int], now: float) -> None:
         """What the target kept of the last proposal, read from how the history went on."""

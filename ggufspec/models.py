@@ -84,15 +84,16 @@ def open_engine(o: LoadOptions):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults)."""
     from .engine import Engine
     from .offload import resolve_layers
-    from .rpc import free_memory, placement
+    from .rpc import budgets, placement
 
     target, draft, defaults = resolve_models(o.pair, o.target, o.draft, registry=o.registry, offline=o.offline,
                                              use_default=o.use_default)
     target_devices, draft_devices = placement(o.rpc, o.devices, o.draft_devices)
-    # The planner's budgets: the free memory of the devices each model may use (None: any GPU found).
-    budgets = {} if target_devices is None else {
-        "devices": free_memory(target_devices),
-        "draft_vram_bytes": sum(free_memory(draft_devices or []).values()) if draft else None}
+    # The planner's budgets: the free memory of the devices each model may use (none named: any GPU found).
+    planned = {}
+    if target_devices is not None:
+        free, draft_free = budgets(target_devices, draft_devices)
+        planned = {"devices": free, "draft_vram_bytes": draft_free if draft else None}
 
     def layers(key):
         value = getattr(o, key)
@@ -101,7 +102,7 @@ def open_engine(o: LoadOptions):
         return value if value is not None else defaults.get(key, "auto")
 
     ngl, ngld = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx,
-                               **budgets)
+                               **planned)
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
                     draft_devices=draft_devices)
@@ -114,13 +115,11 @@ def plan_offload(pair: str | None, target: str | None, draft: str | None, *, reg
     entries. With RPC servers: the target over their devices (split as llama.cpp splits it), the draft
     on this machine's own GPUs."""
     from .offload import detect_vram, plan, sizes_for
-    from .rpc import free_memory, placement
+    from .rpc import budgets, placement
 
     devices = draft_vram = None
     if rpc:
-        target_devices, draft_devices = placement(rpc)
-        devices = free_memory(target_devices)
-        draft_vram = sum(free_memory(draft_devices).values())
+        devices, draft_vram = budgets(*placement(rpc))
     if vram_bytes is None:
         vram_bytes = sum(devices.values()) if devices else detect_vram()
     reg = load_registry(registry)

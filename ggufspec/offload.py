@@ -255,16 +255,18 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
             return sizes_plan
         return int(value)
 
-    vram = (sum(devices.values()) if devices else detect_vram()) if vram_bytes is None else vram_bytes
+    if devices and vram_bytes is None:
+        vram_bytes = sum(devices.values())
     if devices and ngl not in ("auto", 0, None):
         t = sizes_for(target)
-        fits = _place(t, "target", vram, n_ctx).n_gpu_layers
+        fits = _place(t, "target", vram_bytes, n_ctx).n_gpu_layers
         wanted = t.n_layers + 1 if ngl == "all" else min(int(ngl), t.n_layers + 1)
         if wanted > fits:
-            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {vram / GiB:.1f} GiB free, "
+            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {vram_bytes / GiB:.1f} GiB free, "
                                 f"room for {fits} of its {t.n_layers + 1} layers; use -ngl {fits} or -ngl auto, or add a server")
     if "auto" not in (ngl, ngld):
         return one(ngl, 0), one(ngld, 0)
+    vram = detect_vram() if vram_bytes is None else vram_bytes  # only a plan needs it (nvidia-smi is slow)
     dvram = vram if draft_vram_bytes is None else draft_vram_bytes
     if vram <= 0 and dvram <= 0:
         return one(ngl, 0), one(ngld, 0)  # nothing to plan: everything stays on the CPU

@@ -162,3 +162,8 @@ def free_memory(names: list[str]) -> dict[str, int]:
     """Free bytes of each named device, as llama.cpp reports it."""
     by_name = {d["name"]: d["free_bytes"] for d in backend.devices()}
     return {n: by_name.get(n, 0) for n in names}
+
+
+def budgets(target_devices: list[str], draft_devices: list[str] | None) -> tuple[dict[str, int], int]:
+    """The planner's budgets for a placement: free bytes by target device, and the draft's devices' together."""
+    return free_memory(target_devices), sum(free_memory(draft_devices or []).values())

@@ -28,7 +28,7 @@ from ggufspec.offload import detect_vram, parse_size, plan, sizes_for, total_ram
 from ggufspec.paths import user_registry
 from ggufspec.prompts import load_suite
 from ggufspec.registry import load_registry, save_pair_defaults
-from ggufspec.rpc import free_memory, placement
+from ggufspec.rpc import budgets, placement
 from ggufspec.report import table
 
 
@@ -59,8 +59,8 @@ def main(argv=None) -> int:
         existing = a.registry if a.registry and Path(a.registry).exists() else None  # --write may create it
         target, draft, defaults = resolve_models(a.pair, a.target, a.draft, registry=existing, use_default=True)
         t_devices, d_devices = placement(a.rpc)
-        vram = parse_size(a.vram) if a.vram else sum(free_memory(t_devices).values()) if a.rpc else detect_vram()
-        d_vram = sum(free_memory(d_devices).values()) if a.rpc else None
+        free, d_vram = budgets(t_devices, d_devices) if a.rpc else ({}, None)
+        vram = parse_size(a.vram) if a.vram else sum(free.values()) if a.rpc else detect_vram()
         t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None
         p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=a.n_ctx, draft_vram_bytes=d_vram)
         if supports_gpu_offload() and vram > 0:
