@@ -96,7 +96,9 @@ class Stats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.n_generated / self.generation_seconds if self.generation_seconds > 0 else 0.0
+        """Generation speed, as llama.cpp counts it: the first token comes with the prompt's batch
+        (its time is prompt_seconds, the time to first token), so the tokens after it over the time after it."""
+        return max(0, self.n_generated - 1) / self.generation_seconds if self.generation_seconds > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -300,7 +302,7 @@ class Engine(Closing):
             self.model_drafter.p_min = s.draft_p_min
         stats = Stats(mode=s.mode, n_prompt=len(prompt_tokens))
         start = time.perf_counter()
-        prefill(ctx, prompt_tokens)
+        logits = prefill(ctx, prompt_tokens)
         if drafter is not None:
             drafter.reset(prompt_tokens)
         stats.prompt_seconds = time.perf_counter() - start
@@ -311,7 +313,7 @@ class Engine(Closing):
         hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
         verification = Verification(self.exact_batch if ctx is self.target_ctx else 1, exact, s.tie_margin)
         gen_start = time.perf_counter()
-        for r in rounds(ctx, drafter, prompt_tokens, s, np.random.default_rng(s.seed), max_tokens=s.max_tokens,
+        for r in rounds(ctx, drafter, prompt_tokens, logits, s, np.random.default_rng(s.seed), max_tokens=s.max_tokens,
                         draft_max=s.draft_max if drafter is not None else 0, draft_min=s.draft_min,
                         verification=verification):
             stats.add(r)

@@ -133,24 +133,40 @@ def _one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
     return q
 
 
-def prefill(target: Context, prompt_tokens: list[int]) -> float:
-    """Evaluate all prompt tokens but the last (which the first round feeds); return seconds."""
-    start = time.perf_counter()
-    target.clear()
-    if len(prompt_tokens) > 1:
-        target.decode(prompt_tokens[:-1], logits="none")
-    return time.perf_counter() - start
+def prefill(target: Context, prompt_tokens: list[int], keep: int = 0) -> np.ndarray:
+    """Evaluate the prompt in one batch, its last token included, as llama.cpp's own programs and
+    `Llama` do (the numerics of a batch differ slightly from one-token steps, and at a near-tie so
+    would the text); return the last position's logits, from which the first token is drawn.
 
-
-def rounds(target: Context, drafter: Drafter | None, prompt_tokens: list[int], params: SamplingParams,
-           rng: np.random.Generator, *, max_tokens: int, draft_max: int = 0, draft_min: int = 0,
-           verification: Verification = Verification()) -> Iterator[Round]:
-    """Rounds from a prefilled target (see `prefill`) until the caller stops or max_tokens are out.
-
-    Each round ends with one token of the target's own, so a round drafts at most one token
-    fewer than remain. The drafter hears of every verified round through `observe`.
+    keep: how many leading prompt tokens the KV cache already holds (reused); the rest is dropped.
     """
-    history, n_out = list(prompt_tokens), 0
+    if keep:
+        target.truncate(keep)
+    else:
+        target.clear()
+    return target.decode(prompt_tokens[keep:], logits="last")[0].copy()
+
+
+def first_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """The token the prompt's last row gives: the argmax, or a sample of p."""
+    return int(np.argmax(logits)) if params.greedy else sample(probs_from_logits(logits, params), rng)
+
+
+def rounds(target: Context, drafter: Drafter | None, prompt_tokens: list[int], logits: np.ndarray,
+           params: SamplingParams, rng: np.random.Generator, *, max_tokens: int, draft_max: int = 0,
+           draft_min: int = 0, verification: Verification = Verification()) -> Iterator[Round]:
+    """Rounds from a prefilled target (`logits`: what `prefill` returned) until the caller stops or
+    max_tokens are out.
+
+    The first round is the token drawn from the prompt's last row (no decode: its time is the
+    prompt's). Each later round ends with one token of the target's own, so a round drafts at most
+    one token fewer than remain. The drafter hears of every verified round through `observe`.
+    """
+    if max_tokens <= 0:
+        return
+    history = list(prompt_tokens) + [first_token(logits, params, rng)]
+    n_out = 1
+    yield Round(history[-1:], 0, 0, 0.0, 0.0)
     while n_out < max_tokens:
         if len(history) > target.n_ctx:  # the last token sits at position len - 1, which must exist
             raise ContextFullError(

@@ -63,30 +63,32 @@ def engine(tiny):
 def test_a_drafter_hears_back_through_its_own_draft(engine):
     ctx = engine.target_ctx
     prompt = engine.tokenize_prompt("hello")
-    speculative.prefill(ctx, prompt)
+    logits = speculative.prefill(ctx, prompt)
+    assert ctx.n_past == len(prompt)  # the last prompt token is in the prompt's batch, as in llama.cpp
     drafter = Recorder([5, 6, 7])
-    out = list(speculative.rounds(ctx, drafter, prompt, SamplingParams(), np.random.default_rng(0), max_tokens=12,
-                                  draft_max=3))
+    out = list(speculative.rounds(ctx, drafter, prompt, logits, SamplingParams(), np.random.default_rng(0),
+                                  max_tokens=12, draft_max=3))
     assert sum(len(r.tokens) for r in out) == 12
-    assert len(drafter.seen) == len(out)
-    history_lengths = [len(prompt) + sum(len(r.tokens) for r in out[:i]) for i in range(len(out))]
+    assert out[0].tokens == [int(np.argmax(logits))] and out[0].n_drafted == 0  # the prompt's own token
+    assert len(drafter.seen) == len(out) - 1  # every round but the prompt's
+    history_lengths = [len(prompt) + sum(len(r.tokens) for r in out[:i]) for i in range(1, len(out))]
     proposed = [(seen[0], n) for seen, n in zip(drafter.seen, history_lengths) if seen[1] == "recorder"]
-    assert len(proposed) == len(out) - 1  # the last round has one token left: nothing to draft
+    assert len(proposed) == len(out) - 2  # the last round has one token left: nothing to draft
     assert all(agreement == n for agreement, n in proposed)  # each round returned the drafter's own Draft
 
 
 def test_an_exception_inside_a_round_leaves_the_cache_as_before(engine, monkeypatch):
     ctx = engine.target_ctx
     prompt = engine.tokenize_prompt("hello")
-    speculative.prefill(ctx, prompt)
+    history = prompt + [speculative.first_token(speculative.prefill(ctx, prompt), SamplingParams(), None)]
 
     def broken(*args):
         raise RuntimeError("verification failed")
 
     monkeypatch.setattr(speculative, "verify_greedy", broken)
     with pytest.raises(RuntimeError):
-        speculative.speculative_step(ctx, Recorder([5, 6, 7]), prompt, 3, SamplingParams(), np.random.default_rng(0))
-    assert ctx.n_past == len(prompt) - 1  # the batch [last] + 3 drafts was decoded, then rewound
+        speculative.speculative_step(ctx, Recorder([5, 6, 7]), history, 3, SamplingParams(), np.random.default_rng(0))
+    assert ctx.n_past == len(history) - 1  # the batch [last] + 3 drafts was decoded, then rewound
 
 
 def test_a_stream_yields_a_fresh_value_each_round(engine):

@@ -36,14 +36,13 @@ def engine():
 
 
 def target_only_gaps(engine, prompt_tokens, tokens):
-    """The top-1/top-2 logit gap of one-token target decoding at each generated position."""
+    """The top-1/top-2 logit gap of target-only decoding at each generated position (the first
+    from the prompt's batch, the rest from one-token steps)."""
     ctx = engine.target_ctx
     ctx.clear()
-    ctx.decode(prompt_tokens[:-1], logits="none")
-    gaps, last = [], prompt_tokens[-1]
-    for t in tokens:
-        gaps.append(top2_gap(ctx.decode([last])[0]))
-        last = t
+    gaps = [top2_gap(ctx.decode(prompt_tokens, logits="last")[0])]
+    for t in tokens[:-1]:
+        gaps.append(top2_gap(ctx.decode([t])[0]))
     ctx.clear()
     return gaps
 

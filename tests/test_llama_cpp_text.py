@@ -1,0 +1,78 @@
+"""The same greedy text as llama.cpp itself (slow tier, the real Qwen2.5-Coder pair).
+
+llama.cpp's `llama-simple` (and `Llama`, and llama.cpp's server) evaluate the whole prompt in one
+batch and take the first token from its last row; ggufspec does the same, so its greedy text,
+target-only and speculative, is llama.cpp's own, also where a near-tie would flip with another
+batch shape. `llama-simple` comes from ../shared/tools/llama-cpp-reference (the same llama.cpp
+release as the installed llama-cpp-python): set LLAMA_CPP_REFERENCE_BIN to its folder, or leave
+the build in its default cache. Without it the test is skipped, unless GGUFSPEC_REQUIRE_LLAMA_CPP=1
+(CI sets it where the tool exists).
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import real_model
+from ggufspec import Engine
+
+pytestmark = pytest.mark.slow
+
+TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+N = 64
+CHATS = [
+    "Explain what a Python generator is in two sentences.",  # a top-2 gap of 0.014 at its 6th token on one CPU
+    "Write a Python function that returns the n-th Fibonacci number.",
+]
+COMPLETIONS = ["def quicksort(a):", "The three laws of thermodynamics are"]
+
+
+def llama_simple() -> Path:
+    import llama_cpp
+
+    folder = os.environ.get("LLAMA_CPP_REFERENCE_BIN") or (
+        Path.home() / ".cache" / "llama-cpp-reference" / llama_cpp.__version__ / "build" / "bin")
+    path = Path(folder) / "llama-simple"
+    if not os.access(path, os.X_OK):
+        message = f"{path} not found: build it with ../shared/tools/llama-cpp-reference"
+        if os.environ.get("GGUFSPEC_REQUIRE_LLAMA_CPP") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def simple_text(program: Path, model: Path, prompt: str) -> bytes:
+    """What llama-simple generates after the prompt (it echoes the prompt first, a newline last)."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(program.parent))
+    out = subprocess.run([str(program), "-m", str(model), "-n", str(N), prompt], capture_output=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-2000:]
+    echoed = prompt.encode()
+    assert out.stdout.startswith(echoed) and out.stdout.endswith(b"\n")
+    return out.stdout[len(echoed):-1]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(real_model(TARGET), real_model(DRAFT), n_ctx=1024) as e:
+        yield e
+
+
+def pieces(engine, tokens) -> bytes:
+    return b"".join(engine.target_model.token_to_piece(t, special=True) for t in tokens)
+
+
+@pytest.mark.parametrize("prompt,chat", [(c, True) for c in CHATS] + [(c, False) for c in COMPLETIONS])
+def test_greedy_text_is_llama_cpps_own(engine, prompt, chat):
+    program = llama_simple()
+    text = engine.target_model.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+    expected = simple_text(program, engine.target_model.path, text)
+    tokens = engine.tokenize_prompt(text)
+    modes = ("target", "draft", "auto") if chat else ("target", "lookup")
+    for mode in modes:
+        out = engine.generate(prompt_tokens=tokens, max_tokens=N, mode=mode)
+        # llama-simple stops at an end-of-generation token without printing it, as ggufspec does
+        assert pieces(engine, out.tokens) == expected, (mode, pieces(engine, out.tokens), expected)
