@@ -82,10 +82,10 @@ class AutoDrafter(Drafter):
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
         self.model_alpha = Estimate(0.7, 4.0)
 
-    def reset(self, prompt_tokens: list[int]) -> None:
+    def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self.lookup.reset(prompt_tokens)
-        if self.model is not None:
-            self.model.reset([])  # lazily: the draft catches up only if and when it is used
+        if self.model is not None:  # lazily: the draft catches up only if and when it is used
+            self.model.reset(prompt_tokens, reuse=reuse, lazy=True)
 
     # -- costs --------------------------------------------------------------------------------
 

@@ -372,7 +372,11 @@ class Model(Closing):
 class Context(Closing):
     """A llama.cpp context on one model, one sequence, with a reusable batch.
 
-    `n_past` is the number of positions held in the KV cache; `decode` appends, `truncate` rewinds.
+    `tokens` are what the KV cache holds, position by position (`n_past` of them); `decode` appends,
+    `truncate` rewinds. `canonical`: how many leading positions were computed in whole batches of
+    n_batch tokens aligned at multiples of n_batch, each decoded after canonical ones, i.e. exactly
+    as one decode of the same tokens from position 0 computes them (llama.cpp splits a prompt into
+    such batches itself); `reusable` keeps only those, so a reused prompt is bit-identical to a cold one.
     """
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None):
@@ -404,7 +408,23 @@ class Context(Closing):
         self._token_buf = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
         self._pos_buf = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
         self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
-        self.n_past = 0
+        self.tokens: list[int] = []
+        self.canonical = 0
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def reusable(self, prompt_tokens: list[int]) -> int:
+        """How many leading tokens of `prompt_tokens` a new generation may keep from the KV cache and
+        still compute the rest exactly as a cold start would: the common prefix, within `canonical`,
+        rounded down to a whole batch; the prompt's last token is always evaluated again (its logits
+        are needed)."""
+        limit = min(self.canonical, len(prompt_tokens) - 1)
+        common = 0
+        while common < limit and self.tokens[common] == prompt_tokens[common]:
+            common += 1
+        return common - common % self.n_batch
 
     def decode(self, tokens, *, logits: str = "last") -> np.ndarray | None:
         """Append `tokens` at positions n_past.. and run the model.
@@ -436,7 +456,9 @@ class Context(Closing):
                     self._out_buf[m - 1] = 1
             self._batch.n_tokens = m
             self._check(C.llama_decode(self._ctx, self._batch), m)
-            self.n_past += m
+            if self.canonical == self.n_past and m == self.n_batch and self.n_past % self.n_batch == 0:
+                self.canonical += m
+            self.tokens.extend(int(t) for t in tokens[start:end])
             start = end
         if logits == "none":
             return None
@@ -463,11 +485,13 @@ class Context(Closing):
         if n_keep < self.n_past:
             if not C.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
                 raise GGUFSpecError(f"llama.cpp could not rewind the KV cache to position {n_keep}")
-            self.n_past = n_keep
+            del self.tokens[n_keep:]
+            self.canonical = min(self.canonical, n_keep)
 
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)
-        self.n_past = 0
+        self.tokens.clear()
+        self.canonical = 0
 
     def close(self) -> None:
         if getattr(self, "_batch_live", False):

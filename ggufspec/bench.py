@@ -60,6 +60,7 @@ class BenchSettings:
     warmup: int = 1
     ignore_eos: bool = True
     generation: dict = field(default_factory=dict)  # temperature, seed, top_k, ... for every run
+    reuse_prompt: bool = False  # False: every run evaluates its whole prompt (cold prefill)
 
     @property
     def greedy(self) -> bool:
@@ -111,7 +112,8 @@ def prompt_text(engine: Engine, prompt: Prompt) -> str:
 
 
 def run_one(engine: Engine, config: Config, tokens: list[int], settings: BenchSettings):
-    kw = dict(settings.generation, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos)
+    kw = dict(settings.generation, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos,
+              reuse_prompt=settings.reuse_prompt)
     if config.draft_max:
         kw["draft_max"] = config.draft_max
     return engine.generate(prompt_tokens=tokens, mode=config.mode, **kw)
@@ -255,7 +257,8 @@ def tps(rs: list[Run]) -> tuple[float, float, float]:
     per_repeat = {}
     for r in rs:
         tokens, seconds = per_repeat.get(r.repeat, (0, 0.0))
-        per_repeat[r.repeat] = (tokens + r.stats.n_generated, seconds + r.stats.generation_seconds)
+        # the first token comes with the prompt's batch: the tokens after it, over the time after it
+        per_repeat[r.repeat] = (tokens + max(0, r.stats.n_generated - 1), seconds + r.stats.generation_seconds)
     values = [t / s for t, s in per_repeat.values() if s > 0] or [0.0]
     return statistics.median(values), min(values), max(values)
 
@@ -356,5 +359,6 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
             "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch, "exact": exact,
             "costs": engine.costs.report(engine.exact_batch if exact else None) if engine.costs else None,
             "placement": engine.placement(), "interrupted": interrupted,
+            "prefill": "reused" if settings.reuse_prompt else "cold", "n_batch": engine.target_ctx.n_batch,
         }
     return out, meta, interrupted

@@ -144,9 +144,12 @@ class BenchProgress:
 @click.option("--compare-llama-cpp", "llama_cpp_bin", type=click.Path(file_okay=False), default=None,
               help="Folder with llama.cpp's llama-bench and llama-speculative-simple: add their rows on the same work.")
 @click.option("--limit", type=int, default=2, show_default=True, help="Prompts per suite (0: all 4).")
+@click.option("--reuse-prompt", is_flag=True,
+              help="Keep what the KV cache holds of a prompt between runs (whole -b batches; output unchanged): "
+                   "warm prefill. Default: every run evaluates its whole prompt.")
 @user_errors
 def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, per_prompt, save_outputs,
-          as_json, as_csv, as_markdown, wide, plot, llama_cpp_bin, limit, **options):
+          as_json, as_csv, as_markdown, wide, plot, llama_cpp_bin, limit, reuse_prompt, **options):
     """Benchmark target-only against speculative decoding (and the draft alone) on the same prompts.
 
     With no PAIR or -m it runs the default pair of models.toml. Greedy by default, -n tokens per
@@ -167,7 +170,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         given.pop(key, None)
     settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),
                                int_list(draft_max, "--draft-max") or (4,), given.pop("max_tokens", None) or 64,
-                               repeats, warmup, not natural_stop, given)
+                               repeats, warmup, not natural_stop, given, reuse_prompt)
     prompts = load_prompts(prompts_file, suites, limit)
     by = "prompt" if per_prompt else "suite" if by_suite else "all"
     progress = BenchProgress()

@@ -32,8 +32,9 @@ class Drafter:
 
     name = "target"
 
-    def reset(self, prompt_tokens: list[int]) -> None:
-        """A new generation starts from these prompt tokens."""
+    def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
+        """A new generation starts from these prompt tokens (reuse: a drafter with a KV cache may keep
+        what it holds of them, as far as a cold start would compute it alike)."""
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """Up to draft_max tokens that may follow `history`."""
@@ -52,17 +53,25 @@ class ModelDrafter(Drafter):
         self.model = model
         self.ctx = ctx
         self.p_min = p_min
-        self.kv_tokens: list[int] = []  # exactly what sits in ctx's KV cache, position by position
-        self._committed = 0  # a prefix of kv_tokens known to agree with every later history
+        self._committed = 0  # a prefix of the KV cache known to agree with every later history
 
-    def reset(self, prompt_tokens: list[int]) -> None:
-        """Start a new generation: the prompt but its last token goes into the KV cache now."""
-        self.ctx.clear()
-        self.kv_tokens, self._committed = [], 0
-        if len(prompt_tokens) > 1:
-            self.ctx.decode(prompt_tokens[:-1], logits="none")
-            self.kv_tokens = list(prompt_tokens[:-1])
-            self._committed = len(self.kv_tokens)
+    @property
+    def kv_tokens(self) -> list[int]:
+        """Exactly what sits in the draft's KV cache, position by position."""
+        return self.ctx.tokens
+
+    def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
+        """Start a new generation: the prompt but its last token goes into the KV cache now (lazy:
+        when the draft is first used). reuse: keep the cache's whole aligned batches of this prompt."""
+        keep = self.ctx.reusable(prompt_tokens) if reuse else 0
+        if keep:
+            self.ctx.truncate(keep)
+        else:
+            self.ctx.clear()
+        self._committed = keep
+        if not lazy and len(prompt_tokens) - 1 > keep:
+            self.ctx.decode(prompt_tokens[keep:-1], logits="none")
+            self._committed = len(prompt_tokens) - 1
 
     def follow(self) -> None:
         """The next history may not extend the last one (a new prompt, a retry, a chat's next turn):
@@ -77,9 +86,7 @@ class ModelDrafter(Drafter):
             i += 1
         if i == len(history):  # nothing new: step back one token so there are logits to draft from
             i -= 1
-        if i < len(self.kv_tokens):
-            self.ctx.truncate(i)
-            del self.kv_tokens[i:]
+        self.ctx.truncate(i)
         return history[i:]
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -89,7 +96,6 @@ class ModelDrafter(Drafter):
             return Draft([], source=self.name)
         pending = self._sync(history)
         logits = self.ctx.decode(pending, logits="last")[0]
-        self.kv_tokens.extend(pending)
         self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
         tokens: list[int] = []
         qs: list[np.ndarray] | None = None if params.greedy else []
@@ -108,7 +114,6 @@ class ModelDrafter(Drafter):
             if len(tokens) >= draft_max:
                 break
             logits = self.ctx.decode([x], logits="last")[0]
-            self.kv_tokens.append(x)
         return Draft(tokens, qs, time.perf_counter() - start, self.name)
 
 
@@ -130,7 +135,7 @@ class LookupDrafter(Drafter):
         self.candidates, self.reach = candidates, reach
         self.reset([])
 
-    def reset(self, prompt_tokens: list[int]) -> None:
+    def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self._index: list[dict[tuple, list[int]]] = [dict() for _ in range(self.ngram_max + 1)]
         self._indexed_to = 0  # n-grams ending before this position are in the index
 

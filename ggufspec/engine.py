@@ -52,6 +52,10 @@ class GenerationSettings(SamplingParams):
     # Greedy: verify only in batches proven bit-identical to one-token decoding (identity by
     # construction). None: when this backend has such batches of 2 or more tokens.
     exact: bool | None = None
+    # Keep what the KV caches already hold of this prompt (a chat's next turn, the same system
+    # prompt, a retry), in whole aligned batches of n_batch tokens only, so that the output is
+    # bit-identical to a cold start; False evaluates the whole prompt (the benchmark's default).
+    reuse_prompt: bool = True
 
     def validate(self) -> "GenerationSettings":
         checks = [
@@ -80,6 +84,7 @@ class Stats:
 
     mode: str = "target"
     n_prompt: int = 0
+    n_reused: int = 0  # prompt tokens kept from the KV cache (reuse_prompt), not evaluated again
     rounds_by_source: dict = field(default_factory=dict)  # which drafter each round used ("target": none)
     prompt_seconds: float = 0.0
     n_generated: int = 0
@@ -137,7 +142,8 @@ class Stats:
 
     def summary(self) -> str:
         line = (f"{self.n_generated} tokens in {self.generation_seconds:.2f} s = {self.tokens_per_second:.1f} tok/s "
-                f"(prompt {self.n_prompt} tokens, {self.prompt_seconds:.2f} s) | mode {self.mode}")
+                f"(prompt {self.n_prompt} tokens{f', {self.n_reused} reused' if self.n_reused else ''}, "
+                f"{self.prompt_seconds:.2f} s) | mode {self.mode}")
         if self.n_drafted:
             line += (f" | drafted {self.n_drafted}, accepted {self.n_accepted} (α {self.acceptance_rate:.1%}), "
                      f"τ {self.tokens_per_round:.2f} tokens/round")
@@ -302,9 +308,9 @@ class Engine(Closing):
             self.model_drafter.p_min = s.draft_p_min
         stats = Stats(mode=s.mode, n_prompt=len(prompt_tokens))
         start = time.perf_counter()
-        logits = prefill(ctx, prompt_tokens)
+        logits, stats.n_reused = prefill(ctx, prompt_tokens, reuse=s.reuse_prompt)
         if drafter is not None:
-            drafter.reset(prompt_tokens)
+            drafter.reset(prompt_tokens, reuse=s.reuse_prompt)
         stats.prompt_seconds = time.perf_counter() - start
 
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -116,10 +116,17 @@ def bench_footer(meta: dict) -> str:
     return _costs_line(meta)
 
 
+def _prefill_line(meta: dict) -> str:
+    if meta.get("prefill") == "reused":
+        return (f"prompts: what the KV cache held of a prompt was kept between runs (whole batches of {meta['n_batch']} "
+                "tokens; output unchanged), so prompt speed is warm prefill")
+    return "prompts: every run evaluated its whole prompt (cold prefill; --reuse-prompt keeps cached batches)"
+
+
 def _costs_line(meta: dict) -> str:
     c = meta.get("costs")
     if not c:
-        return ""
+        return _prefill_line(meta) if "prefill" in meta else ""
     t = c["target_batch_seconds"]
     line = f"target step {1000 * t[0]:.1f} ms"
     if len(t) >= 4:
@@ -127,8 +134,9 @@ def _costs_line(meta: dict) -> str:
     if c["draft_token_seconds"]:
         line += f"; draft step {1000 * c['draft_token_seconds']:.1f} ms ({c['draft_token_seconds'] / t[0]:.2f} of a target step)"
     line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding"
-    return line + (f"\nceiling: with every draft accepted and drafting free, {c['ceiling_speedup']:.2f}x at most "
-                   f"here ({c['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
+    line += (f"\nceiling: with every draft accepted and drafting free, {c['ceiling_speedup']:.2f}x at most "
+             f"here ({c['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
+    return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
 
 
 def plot_sweep(rows: list[dict], path: str) -> None:

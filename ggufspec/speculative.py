@@ -133,18 +133,21 @@ def _one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
     return q
 
 
-def prefill(target: Context, prompt_tokens: list[int], keep: int = 0) -> np.ndarray:
+def prefill(target: Context, prompt_tokens: list[int], reuse: bool = False) -> tuple[np.ndarray, int]:
     """Evaluate the prompt in one batch, its last token included, as llama.cpp's own programs and
     `Llama` do (the numerics of a batch differ slightly from one-token steps, and at a near-tie so
-    would the text); return the last position's logits, from which the first token is drawn.
+    would the text). Returns the last position's logits, from which the first token is drawn, and
+    how many prompt tokens were reused from the KV cache.
 
-    keep: how many leading prompt tokens the KV cache already holds (reused); the rest is dropped.
+    reuse: keep what the cache already holds of this prompt, as far as it was computed exactly as a
+    cold start computes it (`Context.reusable`: whole aligned batches), so the result is bit-identical.
     """
+    keep = target.reusable(prompt_tokens) if reuse else 0
     if keep:
         target.truncate(keep)
     else:
         target.clear()
-    return target.decode(prompt_tokens[keep:], logits="last")[0].copy()
+    return target.decode(prompt_tokens[keep:], logits="last")[0].copy(), keep
 
 
 def first_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

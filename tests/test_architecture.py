@@ -63,7 +63,7 @@ def engine(tiny):
 def test_a_drafter_hears_back_through_its_own_draft(engine):
     ctx = engine.target_ctx
     prompt = engine.tokenize_prompt("hello")
-    logits = speculative.prefill(ctx, prompt)
+    logits, _ = speculative.prefill(ctx, prompt)
     assert ctx.n_past == len(prompt)  # the last prompt token is in the prompt's batch, as in llama.cpp
     drafter = Recorder([5, 6, 7])
     out = list(speculative.rounds(ctx, drafter, prompt, logits, SamplingParams(), np.random.default_rng(0),
@@ -80,7 +80,7 @@ def test_a_drafter_hears_back_through_its_own_draft(engine):
 def test_an_exception_inside_a_round_leaves_the_cache_as_before(engine, monkeypatch):
     ctx = engine.target_ctx
     prompt = engine.tokenize_prompt("hello")
-    history = prompt + [speculative.first_token(speculative.prefill(ctx, prompt), SamplingParams(), None)]
+    history = prompt + [speculative.first_token(speculative.prefill(ctx, prompt)[0], SamplingParams(), None)]
 
     def broken(*args):
         raise RuntimeError("verification failed")
