@@ -76,3 +76,22 @@ def test_greedy_text_is_llama_cpps_own(engine, prompt, chat):
         out = engine.generate(prompt_tokens=tokens, max_tokens=N, mode=mode)
         # llama-simple stops at an end-of-generation token without printing it, as ggufspec does
         assert pieces(engine, out.tokens) == expected, (mode, pieces(engine, out.tokens), expected)
+
+
+def test_a_reused_second_turn_is_the_cold_one(engine):
+    """Prompt reuse on the real pair: with -b 64 the second turn keeps its first 64-token batches;
+    its text (and its prompt's last logits row, bit for bit) equal a cold start's."""
+    with Engine(real_model(TARGET), real_model(DRAFT), n_ctx=1024, n_batch=64) as e:
+        system = ("You are a patient Python tutor. Answer with short explanations and small, complete, runnable code "
+                  "examples. Prefer the standard library. Name the time and memory cost of each solution, and point out "
+                  "edge cases such as empty inputs, negative numbers and very large values.")
+        turn1 = [{"role": "system", "content": system},
+                 {"role": "user", "content": CHATS[1] + " Explain the recursion, then give an iterative version."}]
+        answer = e.generate(messages=turn1, max_tokens=48, mode="target").text
+        turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Now add type hints."}]
+        for mode in ("target", "draft"):
+            e.generate(messages=turn1, max_tokens=48, mode=mode, reuse_prompt=False)
+            warm = e.generate(messages=turn2, max_tokens=48, mode=mode)
+            cold = e.generate(messages=turn2, max_tokens=48, mode=mode, reuse_prompt=False)
+            assert warm.stats.n_reused >= 64 and cold.stats.n_reused == 0
+            assert warm.tokens == cold.tokens, mode
