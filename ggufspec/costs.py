@@ -24,6 +24,13 @@ from .backend import Context, machine
 from .paths import costs_file
 
 MAX_BATCH = 9
+# Bit-exactness is also checked with the KV cache filled to these lengths (after the batch): on CPU,
+# once the cache holds more than 256 tokens, llama.cpp's flash attention splits a one-token step's
+# keys over the threads (ggml's split-KV path, n_kv >= 512) while a batch is not split, so batches
+# exact at short lengths stop being exact there (seen on the Qwen pair with 2 threads: exact up to 3
+# up to 256 tokens, none above; with 1 thread exact at every length).
+KV_CHECKPOINTS = (64, 128, 256, 512)
+LONG_KV = KV_CHECKPOINTS[-1]
 # Speculate only for an expected gain of 3% or more: estimates of alpha are noisy, and a
 # draft that merely breaks even costs more in variance than it gives.
 MARGIN = 1.03
@@ -44,6 +51,7 @@ class Costs:
     target_batch_seconds: list[float]  # [i] = seconds to decode a batch of i + 1 tokens
     exact_batch: int  # largest batch bit-identical to one-token decoding
     draft_token_seconds: float | None = None  # one draft step (None: no draft model)
+    exact_kv: int | None = None  # ... while the KV cache holds at most this many tokens (None: every length checked)
 
     def batch_seconds(self, n: int) -> float:
         """Seconds to decode a batch of n tokens; beyond what was measured, linear in tokens."""
@@ -115,7 +123,7 @@ class Costs:
             drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, exact_batch),
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
-                "exact_batch": self.exact_batch, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
+                "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
                 "drafters": drafters}
 
 
@@ -125,8 +133,9 @@ def _probe_tokens(ctx: Context, n: int) -> list[int]:
     return [lo + (i * 7919) % max(1, ctx.n_vocab // 2) for i in range(n)]
 
 
-def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -> tuple[list[float], int]:
-    """(seconds per batch size 1..max_batch, largest bit-exact batch). Leaves the KV cache empty.
+def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -> tuple[list[float], int, int | None]:
+    """(seconds per batch size 1..max_batch, largest bit-exact batch, the KV length up to which it was
+    found exact: None if at every checkpoint the context allows). Leaves the KV cache empty.
 
     The batch sizes take turns within each repeat, so a machine that slows down part way
     through skews no size against another; each size keeps its fastest time.
@@ -153,8 +162,33 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
             seconds[b - 1] = min(seconds[b - 1], time.perf_counter() - start)
             if exact is None and b > 1 and not np.array_equal(rows, np.stack(singles[:b])):
                 exact = b - 1
+    exact = exact if exact is not None else max_batch
+    exact_kv, held = None, 8 + exact  # held: the longest KV length where exactness was seen
+    if exact > 1:
+        for kv in KV_CHECKPOINTS:
+            if kv > ctx.n_ctx or exact_batch_at(ctx, kv - exact, exact) < exact:
+                exact_kv = held  # not seen beyond: verify as inexact there
+                break
+            held = kv
     ctx.clear()
-    return seconds, exact if exact is not None else max_batch
+    return seconds, exact, exact_kv
+
+
+def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> int:
+    """The largest batch (up to max_batch) whose logits equal one-token decoding's, bit for bit,
+    after n_past tokens. Leaves the KV cache empty."""
+    tokens = _probe_tokens(ctx, n_past + max_batch)
+    ctx.clear()
+    ctx.decode(tokens[:n_past], logits="none")
+    singles = np.stack([ctx.decode([x])[0].copy() for x in tokens[n_past:]])
+    exact = max_batch
+    for b in range(2, max_batch + 1):
+        ctx.truncate(n_past)
+        if not np.array_equal(ctx.decode(tokens[n_past:n_past + b], logits="all"), singles[:b]):
+            exact = b - 1
+            break
+    ctx.clear()
+    return exact
 
 
 def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
@@ -180,7 +214,7 @@ def _key(ctx: Context) -> str:
     m = ctx.model
     st = m.path.stat()
     return (f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.placement}"
-            f"|machine {machine()['id']}")
+            f"|exact@{LONG_KV}kv|machine {machine()['id']}")
 
 
 def load_cache() -> dict:
@@ -209,8 +243,8 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
     if entry is None:
-        seconds, exact = measure_target(target)
-        entry = {"target_batch_seconds": seconds, "exact_batch": exact, "machine": machine()["summary"]}
+        seconds, exact, exact_kv = measure_target(target)
+        entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "machine": machine()["summary"]}
         cache[tkey] = entry
     draft_seconds = None
     if draft is not None:
@@ -221,7 +255,7 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             cache[dkey] = d
         draft_seconds = d["token_seconds"]
     _save_cache(cache)
-    return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds)
+    return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"))
 
 
 def to_dict(costs: Costs) -> dict:

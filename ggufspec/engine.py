@@ -317,7 +317,9 @@ class Engine(Closing):
         text, emitted, finish = "", 0, None
         eog = model.eog_mask
         hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
-        verification = Verification(self.exact_batch if ctx is self.target_ctx else 1, exact, s.tie_margin)
+        on_target = ctx is self.target_ctx
+        verification = Verification(self.exact_batch if on_target else 1, exact, s.tie_margin,
+                                    self.costs.exact_kv if on_target and self.costs else None)
         gen_start = time.perf_counter()
         for r in rounds(ctx, drafter, prompt_tokens, logits, s, np.random.default_rng(s.seed), max_tokens=s.max_tokens,
                         draft_max=s.draft_max if drafter is not None else 0, draft_min=s.draft_min,

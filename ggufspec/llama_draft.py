@@ -47,7 +47,7 @@ class GGUFDraftModel(LlamaDraftModel):
                  registry=None, offline: bool = False):
         from .auto import AutoDrafter
         from .compat import check_compatible
-        from .costs import costs_for
+        from .costs import LONG_KV, costs_for
         from .models import load_registry, resolve_model
 
         if mode not in MODES:
@@ -74,13 +74,16 @@ class GGUFDraftModel(LlamaDraftModel):
                 with Model(target_path, role="target") as t:
                     if self.model is not None:
                         check_compatible(t, self.model)
-                    with Context(t, n_ctx=64, n_batch=16, n_threads=n_threads) as tctx:
+                    with Context(t, n_ctx=LONG_KV + 32, n_batch=16, n_threads=n_threads) as tctx:
                         costs = costs_for(tctx, self.ctx)
         except BaseException:
             self.close()
             raise
-        if costs is not None and (exact if exact is not None else costs.exact_batch >= 2):
-            self.num_pred_tokens = max(1, min(num_pred_tokens, costs.exact_batch - 1))  # [last] + draft stays exact
+        # [last] + draft stays a bit-exact batch (none: no drafting), and past the KV length where
+        # exactness was seen nothing is proposed: greedy text is then Llama's own exactly.
+        self.exact = costs is not None and (exact if exact is not None else costs.exact_batch >= 2)
+        if self.exact:
+            self.num_pred_tokens = min(num_pred_tokens, costs.exact_batch - 1)
         self.costs = costs
         self.lookup = LookupDrafter()
         self.model_drafter = ModelDrafter(self.model, self.ctx) if self.model is not None else None
@@ -104,7 +107,10 @@ class GGUFDraftModel(LlamaDraftModel):
             self._observe(history, now)
         else:
             self._start(history)
-        draft = self.drafter.propose(history, self.num_pred_tokens, GREEDY, self._rng)
+        n = self.num_pred_tokens
+        if self.exact and self.costs.exact_kv is not None and len(history) + n > self.costs.exact_kv:
+            n = 0
+        draft = self.drafter.propose(history, n, GREEDY, self._rng) if n else Draft([], source=self.mode)
         self._history, self._pending = history, (draft, time.perf_counter())
         self.stats["calls"] += 1
         return np.array(draft.tokens[: self.num_pred_tokens], dtype=np.intc)

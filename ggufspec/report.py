@@ -134,6 +134,8 @@ def _costs_line(meta: dict) -> str:
     if c["draft_token_seconds"]:
         line += f"; draft step {1000 * c['draft_token_seconds']:.1f} ms ({c['draft_token_seconds'] / t[0]:.2f} of a target step)"
     line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding"
+    if meta["exact_batch"] > 1 and c.get("exact_kv"):
+        line += f" up to {c['exact_kv']} cached tokens (beyond: one batch, near-ties re-checked)"
     line += (f"\nceiling: with every draft accepted and drafting free, {c['ceiling_speedup']:.2f}x at most "
              f"here ({c['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
     return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
@@ -177,6 +179,8 @@ def costs_text(out: dict) -> str:
     if out["draft_token_seconds"]:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
     how = f"in exact chunks of {out['exact_batch']}" if out["exact"] else "in one batch"
+    if out["exact"] and out.get("exact_kv"):
+        how += f" up to {out['exact_kv']} cached tokens, in one batch beyond (no batch is exact there)"
     lines.append(f"verification {how}: an always-right, free drafter gains at most {out['ceiling_speedup']:.2f}x "
                  f"({out['ceiling_tokens_per_round']} tokens per round)")
     for name, p in out["drafters"].items():

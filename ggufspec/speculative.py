@@ -55,6 +55,11 @@ class Verification:
     exact_batch: int = 1
     exact: bool = False
     tie_margin: float = DEFAULT_TIE_MARGIN
+    exact_kv: int | None = None  # exact_batch holds while the KV cache holds at most this many tokens
+
+    def exact_here(self, n_kv: int) -> int:
+        """The bit-exact batch size with n_kv tokens in the cache after the batch (1: none)."""
+        return self.exact_batch if self.exact_kv is None or n_kv <= self.exact_kv else 1
 
 
 def _verify_rows(target: Context, inputs: list[int], exact_batch: int, draft_tokens: list[int]) -> np.ndarray:
@@ -108,10 +113,13 @@ def speculative_step(target: Context, drafter: Drafter | None, history: list[int
     try:
         if params.greedy:
             v = verification
-            batched = not v.exact or len(inputs) <= v.exact_batch
-            logits = target.decode(inputs, logits="all") if batched else _verify_rows(target, inputs, v.exact_batch, draft_tokens)
+            # Past exact_kv no batch is exact: one batch, near-ties re-checked, as without --exact.
+            exact_batch = v.exact_here(n_past + len(inputs))
+            exact = v.exact and exact_batch > 1
+            batched = not exact or len(inputs) <= exact_batch
+            logits = target.decode(inputs, logits="all") if batched else _verify_rows(target, inputs, exact_batch, draft_tokens)
             n_accepted, next_token = verify_greedy(draft_tokens, logits.argmax(axis=1))
-            tied = np.flatnonzero(near_ties(logits[: n_accepted + 1], v.tie_margin)) if len(inputs) > v.exact_batch and not v.exact else []
+            tied = np.flatnonzero(near_ties(logits[: n_accepted + 1], v.tie_margin)) if len(inputs) > exact_batch and not exact else []
             if len(tied):
                 gaps.append(top2_gap(logits[tied[0]]))
                 n_accepted, next_token = settle_tie(target, inputs, draft_tokens, n_past, int(tied[0]))

@@ -139,3 +139,9 @@ def test_the_installed_registry_is_the_top_level_file(tmp_path):
     (wheel,) = tmp_path.glob("ggufspec-*.whl")
     with zipfile.ZipFile(wheel) as z:
         assert z.read("ggufspec/models.toml") == (ROOT / "models.toml").read_bytes()
+
+
+def test_exact_batches_end_where_the_measured_kv_length_ends():
+    v = speculative.Verification(3, True, 0.5, exact_kv=256)
+    assert [v.exact_here(n) for n in (4, 256, 257, 1000)] == [3, 3, 1, 1]
+    assert speculative.Verification(3, True).exact_here(10_000) == 3  # exact at every length measured

@@ -1,0 +1,95 @@
+"""llama-cpp-python's own server with a GGUF draft model (`python -m ggufspec.llama_server`), on
+127.0.0.1, tiny models: the same text as Llama alone, drafts really made, bad drafts one line."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from llama_cpp import Llama
+
+pytest.importorskip("fastapi", reason="llama-cpp-python's server extras: pip install 'llama-cpp-python[server]'")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*args):
+    port = free_port()
+    cmd = [sys.executable, "-m", "ggufspec.llama_server", *map(str, args), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return proc, None
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+            return proc, port
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("the server did not answer within 60 s")
+
+
+def complete(port, prompt):
+    body = json.dumps({"prompt": prompt, "max_tokens": 60, "temperature": 0, "repeat_penalty": 1.0,  # the server defaults to 1.1
+                       "logit_bias": {"2": -1000.0}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["text"]
+
+
+def test_the_server_drafts_with_a_gguf_and_keeps_llamas_text(tiny):
+    proc, port = start("--model", tiny["target"], "--draft_model", tiny["close"], "--draft_mode", "draft",
+                       "--n_ctx", 512, "--draft_model_num_pred_tokens", 3)
+    try:
+        assert port is not None, proc.stderr.read()
+        texts = {p: complete(port, p) for p in ("hello world", "def f(x):")}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    plain = Llama(model_path=str(tiny["target"]), n_ctx=512, verbose=False)
+    for prompt, text in texts.items():
+        expected = plain.create_completion(prompt, max_tokens=60, temperature=0, logit_bias={2: -1000.0})
+        assert text == expected["choices"][0]["text"], prompt
+    assert "drafts with" in err and "(mode draft" in err
+    drafted, accepted = (int(x) for x in err.split("drafted ")[-1].split(", accepted "))
+    assert drafted > 0 and 0 < accepted <= drafted
+
+
+def test_the_server_binds_loopback_unless_told():
+    from ggufspec import llama_server
+
+    seen = {}
+
+    def fake_main():
+        seen["argv"] = list(sys.argv)
+
+    import llama_cpp.server.__main__ as server_main
+
+    original = server_main.main
+    server_main.main = fake_main
+    try:
+        assert llama_server.main(["--model", "m.gguf"]) == 0
+        assert seen["argv"][-2:] == ["--host", "127.0.0.1"]
+        assert llama_server.main(["--model", "m.gguf", "--host", "0.0.0.0"]) == 0
+        assert seen["argv"].count("--host") == 1
+    finally:
+        server_main.main = original
+
+
+def test_a_draft_that_cannot_load_is_one_line(tiny, tmp_path):
+    bad = tmp_path / "draft.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    proc, port = start("--model", tiny["target"], "--draft_model", bad, "--n_ctx", 512)
+    assert port is None
+    err = proc.stderr.read()
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("ggufspec.llama_server:")][0].count(str(bad)) == 1
