@@ -426,6 +426,15 @@ class Context(Closing):
             common += 1
         return common - common % self.n_batch
 
+    def start(self, prompt_tokens: list[int], *, reuse: bool = False) -> int:
+        """Rewind for a new prompt: keep its `reusable` part (reuse) or nothing; return how many tokens were kept."""
+        keep = self.reusable(prompt_tokens) if reuse else 0
+        if keep:
+            self.truncate(keep)
+        else:
+            self.clear()
+        return keep
+
     def decode(self, tokens, *, logits: str = "last") -> np.ndarray | None:
         """Append `tokens` at positions n_past.. and run the model.
 

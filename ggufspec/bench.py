@@ -257,8 +257,7 @@ def tps(rs: list[Run]) -> tuple[float, float, float]:
     per_repeat = {}
     for r in rs:
         tokens, seconds = per_repeat.get(r.repeat, (0, 0.0))
-        # the first token comes with the prompt's batch: the tokens after it, over the time after it
-        per_repeat[r.repeat] = (tokens + max(0, r.stats.n_generated - 1), seconds + r.stats.generation_seconds)
+        per_repeat[r.repeat] = (tokens + r.stats.n_timed, seconds + r.stats.generation_seconds)
     values = [t / s for t, s in per_repeat.values() if s > 0] or [0.0]
     return statistics.median(values), min(values), max(values)
 

@@ -148,22 +148,15 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     tokens = prefix[8:]
     for x in tokens[:3]:  # warm-up: the first decodes page the mmapped weights in
         ctx.decode([x])
-    ctx.truncate(base)
-    singles = []
-    for x in tokens:
-        singles.append(ctx.decode([x])[0].copy())
-    exact = None
     seconds = [float("inf")] * max_batch
     for _ in range(repeats):
         for b in range(1, max_batch + 1):
             ctx.truncate(base)
             start = time.perf_counter()
-            rows = ctx.decode(tokens[:b], logits="all")
+            ctx.decode(tokens[:b], logits="all")
             seconds[b - 1] = min(seconds[b - 1], time.perf_counter() - start)
-            if exact is None and b > 1 and not np.array_equal(rows, np.stack(singles[:b])):
-                exact = b - 1
-    exact = exact if exact is not None else max_batch
-    exact_kv, held = None, 8 + exact  # held: the longest KV length where exactness was seen
+    exact = exact_batch_at(ctx, base, max_batch)
+    exact_kv, held = None, base + exact  # held: the longest KV length where exactness was seen
     if exact > 1:
         for kv in KV_CHECKPOINTS:
             if kv > ctx.n_ctx or exact_batch_at(ctx, kv - exact, exact) < exact:

@@ -20,11 +20,14 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict]]:
         if "target_batch_seconds" not in entry:
             continue
         if key.endswith(f"machine {machine_id}"):
-            c = Costs(entry["target_batch_seconds"], entry["exact_batch"])
-            parts = key.split("|")  # path|size|mtime|tN|nglN|placement|machine id
+            if "exact_kv" not in entry:
+                continue  # measured before exactness was checked at length: never read again
+            c = Costs(entry["target_batch_seconds"], entry["exact_batch"], exact_kv=entry["exact_kv"])
+            parts = key.split("|")  # path|size|mtime|tN|nglN|placement|exact@...|machine id
             mine.append({"model": parts[0], "threads": parts[3][1:], "n_gpu_layers": parts[4][3:],
                          "placement": parts[5] if len(parts) > 6 else "default", "target_step_seconds": c.target_token_seconds,
-                         "exact_batch": c.exact_batch, "ceiling_speedup": c.ceiling(c.exact_batch if c.exact_batch >= 2 else None)[0]})
+                         "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
+                         "ceiling_speedup": c.ceiling(c.exact_batch if c.exact_batch >= 2 else None)[0]})
         else:
             m = entry.get("machine") or {"cpu": "a machine this version cannot name"}
             others[m.get("cpu", "?")] = m

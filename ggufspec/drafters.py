@@ -63,12 +63,7 @@ class ModelDrafter(Drafter):
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
         """Start a new generation: the prompt but its last token goes into the KV cache now (lazy:
         when the draft is first used). reuse: keep the cache's whole aligned batches of this prompt."""
-        keep = self.ctx.reusable(prompt_tokens) if reuse else 0
-        if keep:
-            self.ctx.truncate(keep)
-        else:
-            self.ctx.clear()
-        self._committed = keep
+        keep = self._committed = self.ctx.start(prompt_tokens, reuse=reuse)
         if not lazy and len(prompt_tokens) - 1 > keep:
             self.ctx.decode(prompt_tokens[keep:-1], logits="none")
             self._committed = len(prompt_tokens) - 1

@@ -100,10 +100,14 @@ class Stats:
     tie_gaps: list[float] = field(default_factory=list)
 
     @property
+    def n_timed(self) -> int:
+        """The tokens generation_seconds covers: all but the first, which comes with the prompt's batch
+        (its time is prompt_seconds, the time to first token), as llama.cpp counts."""
+        return max(0, self.n_generated - 1)
+
+    @property
     def tokens_per_second(self) -> float:
-        """Generation speed, as llama.cpp counts it: the first token comes with the prompt's batch
-        (its time is prompt_seconds, the time to first token), so the tokens after it over the time after it."""
-        return max(0, self.n_generated - 1) / self.generation_seconds if self.generation_seconds > 0 else 0.0
+        return self.n_timed / self.generation_seconds if self.generation_seconds > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -22,11 +22,9 @@ from .errors import GGUFSpecError
 def _draft_for(settings, mode: str):
     from .llama_draft import GGUFDraftModel
 
-    name = settings.draft_model
-    if name == "lookup":
-        return GGUFDraftModel(None, target=settings.model, mode="lookup",
-                              num_pred_tokens=settings.draft_model_num_pred_tokens)
-    return GGUFDraftModel(name, target=settings.model, mode=mode, num_pred_tokens=settings.draft_model_num_pred_tokens,
+    lookup = settings.draft_model == "lookup"  # prompt lookup alone, no second model
+    return GGUFDraftModel(None if lookup else settings.draft_model, target=settings.model,
+                          mode="lookup" if lookup else mode, num_pred_tokens=settings.draft_model_num_pred_tokens,
                           n_ctx=settings.n_ctx, n_threads=settings.n_threads)
 
 

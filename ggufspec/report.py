@@ -123,6 +123,11 @@ def _prefill_line(meta: dict) -> str:
     return "prompts: every run evaluated its whole prompt (cold prefill; --reuse-prompt keeps cached batches)"
 
 
+def _up_to(costs: dict) -> str:
+    """Where measured exact batches stop being exact, if they do."""
+    return f" up to {costs['exact_kv']} cached tokens" if costs["exact_batch"] > 1 and costs.get("exact_kv") else ""
+
+
 def _costs_line(meta: dict) -> str:
     c = meta.get("costs")
     if not c:
@@ -133,9 +138,9 @@ def _costs_line(meta: dict) -> str:
         line += f"; a batch of 4 costs {t[3] / t[0]:.2f} steps"
     if c["draft_token_seconds"]:
         line += f"; draft step {1000 * c['draft_token_seconds']:.1f} ms ({c['draft_token_seconds'] / t[0]:.2f} of a target step)"
-    line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding"
+    line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding{_up_to(c)}"
     if meta["exact_batch"] > 1 and c.get("exact_kv"):
-        line += f" up to {c['exact_kv']} cached tokens (beyond: one batch, near-ties re-checked)"
+        line += " (beyond: one batch, near-ties re-checked)"
     line += (f"\nceiling: with every draft accepted and drafting free, {c['ceiling_speedup']:.2f}x at most "
              f"here ({c['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
     return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
@@ -180,7 +185,7 @@ def costs_text(out: dict) -> str:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
     how = f"in exact chunks of {out['exact_batch']}" if out["exact"] else "in one batch"
     if out["exact"] and out.get("exact_kv"):
-        how += f" up to {out['exact_kv']} cached tokens, in one batch beyond (no batch is exact there)"
+        how += f"{_up_to(out)}, in one batch beyond (no batch is exact there)"
     lines.append(f"verification {how}: an always-right, free drafter gains at most {out['ceiling_speedup']:.2f}x "
                  f"({out['ceiling_tokens_per_round']} tokens per round)")
     for name, p in out["drafters"].items():
@@ -236,7 +241,7 @@ def doctor_text(r: dict) -> str:
             where = "" if c["placement"] == "default" else f", devices {c['placement']}"
             lines.append(f"  {Path(c['model']).name} ({c['threads']} threads, -ngl {c['n_gpu_layers']}{where}): "
                          f"target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
-                         f"{c['exact_batch']}, ceiling {c['ceiling_speedup']:.2f}x")
+                         f"{c['exact_batch']}{_up_to(c)}, ceiling {c['ceiling_speedup']:.2f}x")
     else:
         lines.append("measured costs on this machine: none yet (`ggufspec costs` measures them)")
     lines += [f"{p['severity']}: {p['problem']}\n  fix: {p['fix']}" for p in r["problems"]] or ["no known problems"]

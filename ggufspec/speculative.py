@@ -150,11 +150,7 @@ def prefill(target: Context, prompt_tokens: list[int], reuse: bool = False) -> t
     reuse: keep what the cache already holds of this prompt, as far as it was computed exactly as a
     cold start computes it (`Context.reusable`: whole aligned batches), so the result is bit-identical.
     """
-    keep = target.reusable(prompt_tokens) if reuse else 0
-    if keep:
-        target.truncate(keep)
-    else:
-        target.clear()
+    keep = target.start(prompt_tokens, reuse=reuse)
     return target.decode(prompt_tokens[keep:], logits="last")[0].copy(), keep
 
 

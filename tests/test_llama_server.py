@@ -93,3 +93,12 @@ def test_a_draft_that_cannot_load_is_one_line(tiny, tmp_path):
     err = proc.stderr.read()
     assert proc.returncode == 1 and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("ggufspec.llama_server:")][0].count(str(bad)) == 1
+
+
+def test_without_the_servers_extras_it_is_one_line(monkeypatch, capsys):
+    from ggufspec import llama_server
+
+    monkeypatch.setitem(sys.modules, "llama_cpp.server.__main__", None)  # as if fastapi & co. were missing
+    assert llama_server.main(["--model", "m.gguf"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'llama-cpp-python[server]'" in err[0]
