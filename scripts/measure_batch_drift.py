@@ -9,7 +9,11 @@ argmax), and whether the batch is bit-identical. It also times each batch twice:
 row for every token, as verification needs, and with the last row only, as `llama-bench pp`
 measures; the difference is the output layer, which verification pays once per drafted token.
 
-    python scripts/measure_batch_drift.py MODEL.gguf [-n 48] [--no-repack]
+    python scripts/measure_batch_drift.py MODEL.gguf [-n 48] [--no-repack] [--cached 300]
+
+--cached N puts N tokens (this file's text) before the prompt: on CPU, past 256 cached tokens
+llama.cpp's one-token flash attention splits the keys over the threads and batches that were
+bit-identical stop being so.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=48, help="tokens to compare")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--no-repack", action="store_true", help="load without llama.cpp's CPU weight repacking")
+    ap.add_argument("--cached", type=int, default=0, help="tokens of filler in the KV cache before the prompt")
     ap.add_argument("-p", "--prompt", default="<|im_start|>user\nWrite a Python function that checks whether a number "
                     "is prime.<|im_end|>\n<|im_start|>assistant\n")
     a = ap.parse_args()
     model = Model(a.model, repack=not a.no_repack)
-    ctx = Context(model, n_ctx=1024, n_threads=a.threads)
-    prompt = model.tokenize(a.prompt)
+    filler = model.tokenize(open(__file__).read() * 20, add_special=False)[: a.cached] if a.cached else []
+    prompt = filler + model.tokenize(a.prompt, add_special=not filler)
+    ctx = Context(model, n_ctx=max(1024, len(prompt) + a.n + 64), n_threads=a.threads)
     ctx.decode(prompt[:-1], logits="none")
     n0 = ctx.n_past
     for x in prompt[-1:] * 3:  # warm-up: page the mmapped weights in
@@ -47,7 +53,8 @@ def main() -> int:
         singles.append(row)
         inputs.append(int(row.argmax()))
     single_ms = (time.perf_counter() - start) / a.n * 1000
-    print(f"{model.path.name}: repack {'off' if a.no_repack else 'on'}, {ctx.n_threads} threads, one token {single_ms:.1f} ms")
+    print(f"{model.path.name}: repack {'off' if a.no_repack else 'on'}, {ctx.n_threads} threads, {n0} tokens cached, "
+          f"one token {single_ms:.1f} ms")
     print(f"{'batch':>5} {'max |dlogit|':>13} {'max |dgap|':>11} {'bit-identical':>14} {'ms/batch':>9} "
           f"{'steps':>6} {'steps, last row only':>21} {'tokens/steps':>13}")
     for b in range(2, 9):
