@@ -1,5 +1,5 @@
 """`python -m ggufspec` is the `ggufspec` command."""
 
-from .cli import main
+from .entry import main
 
 main()

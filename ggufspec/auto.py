@@ -128,7 +128,8 @@ class AutoDrafter(Drafter):
 
     # -- the choice ---------------------------------------------------------------------------
 
-    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
+                *, noise=None) -> Draft:
         start = time.perf_counter()
         best = ("target", 0, self.margin / self.step_cost)
         match, agreement = self.lookup.match(history, draft_max) if draft_max > 0 else ([], 0)
@@ -148,7 +149,7 @@ class AutoDrafter(Drafter):
         if source == "lookup":
             return Draft(match[:n], None, time.perf_counter() - start, "lookup", agreement)
         if source == "draft":
-            return self.model.propose(history, n, params, rng)
+            return self.model.propose(history, n, params, rng, noise=noise)
         return Draft([], None, time.perf_counter() - start, "target")
 
     def observe(self, r) -> None:

@@ -26,18 +26,32 @@ from .gguf_info import read_info
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
-_state = {"verbose": False, "initialised": False, "gpu_warned": False, "capture": None}
+_state = {"verbose": False, "initialised": False, "gpu_warned": False, "capture": None, "interrupted": False}
 _lock = threading.Lock()
 
 
 @C.llama_log_callback
 def _log_callback(level, text, user_data):
     # llama.cpp talks a lot while loading; we show it only with --verbose (and read what we need).
-    line = text.decode("utf-8", errors="replace")
-    if _state["capture"] is not None:
-        _state["capture"].append(line)
-    if _state["verbose"]:
-        sys.stderr.write(line)
+    try:
+        line = text.decode("utf-8", errors="replace")
+        if _state["capture"] is not None:
+            _state["capture"].append(line)
+        if _state["verbose"]:
+            sys.stderr.write(line)
+    except KeyboardInterrupt:  # Ctrl-C lands in whatever Python code runs: here it would be lost
+        _state["interrupted"] = True
+
+
+@C.llama_progress_callback
+def _load_progress(progress, user_data):
+    """Returning False aborts llama.cpp's model load: after a Ctrl-C the load stops, and the
+    KeyboardInterrupt is raised again once llama.cpp has returned (see Model)."""
+    try:
+        return not _state["interrupted"]
+    except KeyboardInterrupt:
+        _state["interrupted"] = True
+        return False
 
 
 def set_verbose(verbose: bool) -> None:
@@ -208,7 +222,32 @@ class Closing:
         self.close()
 
 
-class Model(Closing):
+class VocabFacts:
+    """What the vocabulary checks (`compat`) read of a model: type, size, BOS/EOS handling, token texts."""
+
+    def _read_vocab(self, vocab) -> None:
+        self._vocab = vocab
+        self.n_vocab = C.llama_vocab_n_tokens(vocab)
+        self.vocab_type = VOCAB_TYPES.get(C.llama_vocab_type(vocab), "unknown")
+        self.bos = C.llama_vocab_bos(vocab)
+        self.eos = C.llama_vocab_eos(vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(vocab))
+        self.add_eos = bool(C.llama_vocab_get_add_eos(vocab))
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry (what llama.cpp compares between draft and target)."""
+        return C.llama_vocab_get_text(self._vocab, token) or b""
+
+
+class LlamaVocab(VocabFacts):
+    """The vocabulary of a `llama_cpp.Llama` (for GGUFDraftModel's checks; borrowed, freed with the Llama)."""
+
+    def __init__(self, llama):
+        self.path = Path(getattr(llama, "model_path", "the Llama's model"))
+        self._read_vocab(llama._model.vocab)
+
+
+class Model(VocabFacts, Closing):
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
@@ -241,12 +280,19 @@ class Model(Closing):
         described = _descriptions() if devices else {}
         # What decides where layers run, for the cost cache: devices by name and what they are.
         self.placement = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
+        params.progress_callback = _load_progress
         with _lock:
-            _state["capture"] = []
+            _state["capture"], _state["interrupted"] = [], False
             try:
                 self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
             finally:
                 log, _state["capture"] = _state["capture"], None
+            interrupted, _state["interrupted"] = _state["interrupted"], False
+        if interrupted:
+            if self._model:
+                C.llama_model_free(self._model)
+                self._model = None
+            raise KeyboardInterrupt
         # Where llama.cpp put the weights, as it reports it: {buffer name: MiB}.
         self.buffers = {m.group(1): float(m.group(2)) for m in map(_BUFFER_LINE.search, log) if m}
         if not self._model and problem:
@@ -257,15 +303,9 @@ class Model(Closing):
                 "--verbose shows llama.cpp's reason)"
             )
         self.n_gpu_layers = int(n_gpu_layers)
-        self._vocab = C.llama_model_get_vocab(self._model)
-        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        self._read_vocab(C.llama_model_get_vocab(self._model))
         self.n_layer = C.llama_model_n_layer(self._model)
         self.n_ctx_train = C.llama_model_n_ctx_train(self._model)
-        self.vocab_type = VOCAB_TYPES.get(C.llama_vocab_type(self._vocab), "unknown")
-        self.bos = C.llama_vocab_bos(self._vocab)
-        self.eos = C.llama_vocab_eos(self._vocab)
-        self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
-        self.add_eos = bool(C.llama_vocab_get_add_eos(self._vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog = np.zeros(self.n_vocab, dtype=bool)
         for t in range(self.n_vocab):
@@ -309,10 +349,6 @@ class Model(Closing):
 
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
         return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
-
-    def token_text(self, token: int) -> bytes:
-        """The raw vocabulary entry (what llama.cpp compares between draft and target)."""
-        return C.llama_vocab_get_text(self._vocab, token) or b""
 
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])

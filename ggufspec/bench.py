@@ -10,6 +10,7 @@ the target's, and what Leviathan et al.'s formula predicts from the measured alp
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -66,10 +67,22 @@ class BenchSettings:
     def greedy(self) -> bool:
         return (self.generation.get("temperature") or 0.0) <= 0.0
 
+    @property
+    def comparable(self) -> bool:
+        """Whether every mode must write the target's own tokens: greedy runs, and sampled runs with a
+        seed under the coupled rule (the default with a seed)."""
+        if self.greedy:
+            return True
+        g = self.generation
+        return g.get("seed") is not None and (g.get("sampling_rule") or "coupled") == "coupled"
+
     def validate(self) -> "BenchSettings":
         """Every bad value in one line, before anything runs."""
         if self.repeats < 1 or self.warmup < 0:
             raise GGUFSpecError("--repeats must be at least 1 and --warmup at least 0")
+        if self.max_tokens < 2:
+            raise GGUFSpecError(f"bench -n must be at least 2 (got {self.max_tokens}): the first token comes with the "
+                                "prompt's batch, so tokens per second are timed from the second on")
         if not self.draft_max or min(self.draft_max) < 1:
             raise GGUFSpecError(f"--draft-max values must be at least 1 (got {self.draft_max})")
         for mode in self.modes:
@@ -222,7 +235,7 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             "identical_to_target": None, "divergence": None,
             "predicted_speedup": None, "predicted_speedup_costs": None,
         }
-        if settings.greedy and config.mode not in ("target", "draft-alone"):
+        if settings.comparable and config.mode not in ("target", "draft-alone"):
             row["identical_to_target"] = True
             for r in rs:
                 ref = reference.get((r.prompt, r.repeat))
@@ -262,10 +275,23 @@ def tps(rs: list[Run]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def save_outputs(runs: list[Run], folder: str | Path) -> None:
-    """One Markdown file per prompt with every mode's text under its own heading."""
+def check_outputs_dir(folder: str | Path) -> Path:
+    """Make sure the texts can be saved there before anything runs (one line if not)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".ggufspec-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise GGUFSpecError(f"--save-outputs {folder}: cannot write there ({e.strerror}); choose another folder") from None
+    return folder
+
+
+def save_outputs(runs: list[Run], folder: str | Path) -> None:
+    """One Markdown file per prompt with every mode's text under its own heading. Each file is
+    written whole or not at all (a full disk leaves no empty file); a failure is one GGUFSpecError."""
+    folder = check_outputs_dir(folder)
     by_prompt: dict[Prompt, dict[str, str]] = {}
     for r in runs:
         if r.repeat == 0:
@@ -273,7 +299,15 @@ def save_outputs(runs: list[Run], folder: str | Path) -> None:
     for prompt, texts in by_prompt.items():
         parts = [f"# {prompt.label}\n\n## prompt\n\n{prompt.text or json.dumps(list(prompt.messages))}\n"]
         parts += [f"## {label}\n\n{text}\n" for label, text in texts.items()]
-        (folder / f"{prompt.label}.md").write_text("\n".join(parts))
+        path = folder / f"{prompt.label}.md"
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text("\n".join(parts))
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise GGUFSpecError(f"--save-outputs {folder}: could not write {path.name} ({e.strerror}); "
+                                "the results above are complete") from None
 
 
 # --- the whole benchmark -------------------------------------------------------------------
@@ -296,6 +330,8 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
     rows on the same work (greedy, fixed length). Ctrl-C keeps the finished runs (interrupted=True).
     """
     settings.validate()
+    if outputs_dir:
+        check_outputs_dir(outputs_dir)
     if llama_cpp_bin and (not settings.ignore_eos or not settings.greedy):
         raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
     sweep = load.n_gpu_layers if isinstance(load.n_gpu_layers, list) else [load.n_gpu_layers]
@@ -347,8 +383,12 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
             out += reference_rows(llama_cpp_bin, engine, [prompt_text(engine, p) for p in prompts], settings.max_tokens,
                                   settings.draft_max, tps(target_runs)[0] if target_runs else None,
                                   llama_bench_before=before)
+        outputs_error = None
         if outputs_dir:
-            save_outputs(runs, outputs_dir)
+            try:
+                save_outputs(runs, outputs_dir)
+            except GGUFSpecError as e:  # the table must not be lost with the texts
+                outputs_error = str(e)
         exact = engine.exact_for(settings.generation.get("exact"))
         meta = {
             "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
@@ -357,7 +397,7 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
             "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
             "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch, "exact": exact,
             "costs": engine.costs.report(engine.exact_batch if exact else None) if engine.costs else None,
-            "placement": engine.placement(), "interrupted": interrupted,
+            "placement": engine.placement(), "interrupted": interrupted, "outputs_error": outputs_error,
             "prefill": "reused" if settings.reuse_prompt else "cold", "n_batch": engine.target_ctx.n_batch,
         }
     return out, meta, interrupted

@@ -5,9 +5,12 @@ Flag names follow llama.cpp. Every user error is one line on stderr and a non-ze
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
 import os
+import signal
 import sys
 import time
 
@@ -32,6 +35,27 @@ def user_errors(fn):
             sys.exit(130)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (what `timeout` and service managers send) stops a run the way Ctrl-C does, so the
+    finished runs are still reported; yields a list that holds the signal once one came."""
+    came: list[int] = []
+
+    def handler(signum, frame):
+        came.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield came
+        return
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class OneLineErrors(click.Group):
@@ -61,7 +85,7 @@ def cli():
 @model_options
 @sampling_options
 @click.option("-p", "--prompt", help="Prompt text.")
-@click.option("-f", "--file", "prompt_file", type=click.File("rb"),
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False, allow_dash=True),
               help="Read the prompt from a file ('-' for stdin); its bytes are tokenized as they are, as llama.cpp does.")
 @click.option("--chat", "chat_message", help="A user message, sent through the model's chat template.")
 @click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
@@ -81,7 +105,7 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
     if len(given) != 1:
         raise GGUFSpecError("give exactly one of -p PROMPT, -f FILE or --chat MESSAGE")
     if prompt_file is not None:
-        prompt = prompt_file.read()
+        prompt = read_prompt_file(prompt_file)
     load, settings, draft_max = split_options(options)
     if draft_max is not None:
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
@@ -100,6 +124,22 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
             sys.stdout.flush()
         click.echo()
         click.echo(chunk.stats.summary(), err=True)
+
+
+def read_prompt_file(path: str) -> bytes:
+    """The bytes of a prompt file, or of standard input for '-'; one line if neither can be read."""
+    if path == "-":
+        if sys.stdin is None:
+            raise GGUFSpecError("-f -: standard input is closed; pipe the prompt in, or give -p PROMPT or -f FILE")
+        try:
+            return sys.stdin.buffer.read()
+        except (OSError, ValueError) as e:
+            raise GGUFSpecError(f"-f -: cannot read standard input ({e})") from None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise GGUFSpecError(f"-f {path}: cannot read the prompt file ({e.strerror})") from None
 
 
 class BenchProgress:
@@ -172,15 +212,20 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
                                int_list(draft_max, "--draft-max") or (4,), given.pop("max_tokens", None) or 64,
                                repeats, warmup, not natural_stop, given, reuse_prompt)
     prompts = load_prompts(prompts_file, suites, limit)
+    if plot:
+        from .report import plot_library
+
+        plot_library()  # before the run, not after it
     by = "prompt" if per_prompt else "suite" if by_suite else "all"
     progress = BenchProgress()
     try:
-        result = B.benchmark(load, prompts, settings, by=by, draft_max_given=draft_max is not None,
-                             llama_cpp_bin=llama_cpp_bin, outputs_dir=save_outputs, progress=progress)
+        with terminate_as_interrupt() as signals:
+            result = B.benchmark(load, prompts, settings, by=by, draft_max_given=draft_max is not None,
+                                 llama_cpp_bin=llama_cpp_bin, outputs_dir=save_outputs, progress=progress)
     finally:
         progress.close()
     if result.interrupted:
-        click.echo("interrupted: showing the finished runs", err=True)
+        click.echo(f"{'terminated' if signals else 'interrupted'}: showing the finished runs", err=True)
     if as_json:
         click.echo(to_json({**result.meta, "rows": result.rows}))
     elif as_csv:
@@ -194,8 +239,11 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         from .report import plot_sweep
 
         plot_sweep(result.rows, plot)
+    if result.meta.get("outputs_error"):
+        click.echo(f"Error: {result.meta['outputs_error']}", err=True)
+        sys.exit(1)
     if result.interrupted:
-        sys.exit(130)
+        sys.exit(128 + signal.SIGTERM if signals else 130)
 
 
 @cli.command("costs")
@@ -253,7 +301,7 @@ def plan_command(pair, target, draft, vram, ram, n_ctx, registry, rpc, as_json):
     from .offload import parse_size, total_ram
     from .report import plan_text, to_json
 
-    ram_bytes = parse_size(ram) if ram is not None else total_ram()
+    ram_bytes = parse_size(ram, "--ram") if ram is not None else total_ram()
     p = plan_offload(pair, target, draft, registry=registry, vram_bytes=parse_size(vram) if vram is not None else None,
                      ram_bytes=ram_bytes, n_ctx=n_ctx, rpc=rpc)
     click.echo(to_json(p.to_dict()) if as_json else plan_text(p, p.vram_bytes, ram_bytes, n_ctx))
@@ -287,7 +335,7 @@ def doctor(rpc, as_json):
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but 127.0.0.1 exposes this machine: llama.cpp's RPC has no "
                    "authentication or encryption.")
-@click.option("-p", "--port", type=int, default=50052, show_default=True, help="Port to listen on.")
+@click.option("-p", "--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
 @click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores).")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="Keep received tensors here, so a model is sent only once.")
@@ -303,7 +351,9 @@ def rpc_server(host, port, threads, cache_dir):
       ggufspec rpc-server --port 50052
     """
     from .rpc import WARNING, serve
+    from .system import check_threads
 
+    check_threads(threads)
     if host != "127.0.0.1":
         click.echo("\n" + WARNING.format(host=host) + "\n", err=True)
     serve(host, port, threads, cache_dir)
@@ -392,12 +442,42 @@ def models_check(target, draft, registry):
     click.echo(check_pair(target, draft, registry))
 
 
+def uses_rpc(args: list[str]) -> bool:
+    """Whether a command line names RPC servers (`--rpc HOST:PORT` or `--rpc=HOST:PORT`)."""
+    return any(a == "--rpc" or a.startswith("--rpc=") for a in args)
+
+
 def main():
-    if ("--rpc" in sys.argv or os.environ.get("GGUFSPEC_RPC")) and not os.environ.get("GGUFSPEC_CHILD"):
+    if sys.stdout is None:  # started with standard output closed (`>&-`): nothing could be shown
+        print("Error: standard output is closed; redirect it to a file or /dev/null instead", file=sys.stderr)
+        sys.exit(1)
+    if (uses_rpc(sys.argv[1:]) or os.environ.get("GGUFSPEC_RPC")) and not os.environ.get("GGUFSPEC_CHILD"):
         from .guard import run_guarded
 
         sys.exit(run_guarded(sys.argv[1:]))
-    cli(prog_name="ggufspec")
+    try:
+        try:
+            cli(prog_name="ggufspec")
+        finally:
+            sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
+    except BrokenPipeError:  # `ggufspec ... | head`: the reader has what it wanted
+        _silence_stdout()
+        sys.exit(141)
+    except OSError as e:
+        if e.filename is not None or e.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF):
+            raise
+        _silence_stdout()
+        print(f"Error: could not write the output ({e.strerror or e}); check the disk or the pipe it goes to", file=sys.stderr)
+        sys.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

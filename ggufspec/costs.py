@@ -221,13 +221,39 @@ def load_cache() -> dict:
 
 def _save_cache(data: dict) -> None:
     path = costs_file()
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
-    except OSError:
-        pass  # no cache: measure again next time
+    except OSError:  # no cache (read-only, full disk): measure again next time, and leave nothing behind
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+
+
+def valid_target_entry(entry) -> bool:
+    """Whether a cached target entry has the shape this version writes (else it is measured again)."""
+    if not isinstance(entry, dict):
+        return False
+    seconds, exact, kv = entry.get("target_batch_seconds"), entry.get("exact_batch"), entry.get("exact_kv")
+    return (isinstance(seconds, list) and len(seconds) >= 1 and all(map(_positive, seconds))
+            and isinstance(exact, int) and not isinstance(exact, bool) and exact >= 1
+            and (kv is None or (isinstance(kv, int) and not isinstance(kv, bool) and kv >= 1)))
+
+
+def valid_draft_entry(entry) -> bool:
+    return isinstance(entry, dict) and _positive(entry.get("token_seconds"))
+
+
+def bad_entries(cache: dict) -> list[str]:
+    """Keys of cached entries with the wrong shape (ignored and measured again)."""
+    return [k for k, v in cache.items() if not (valid_draft_entry(v) if k.endswith("|draft") else valid_target_entry(v))]
 
 
 def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False) -> Costs:
@@ -235,7 +261,7 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     cache = load_cache()
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
-    if entry is None:
+    if not valid_target_entry(entry):  # absent, or damaged by hand or by another version: measure again
         seconds, exact, exact_kv = measure_target(target)
         entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "machine": machine()["summary"]}
         cache[tkey] = entry
@@ -243,7 +269,7 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     if draft is not None:
         dkey = _key(draft) + "|draft"
         d = None if refresh else cache.get(dkey)
-        if d is None:
+        if not valid_draft_entry(d):
             d = {"token_seconds": measure_draft_step(draft), "machine": machine()["summary"]}
             cache[dkey] = d
         draft_seconds = d["token_seconds"]

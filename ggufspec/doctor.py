@@ -6,18 +6,20 @@ import os
 import sys
 
 from . import backend, system
-from .costs import Costs, load_cache
+from .costs import Costs, bad_entries, load_cache
 from .paths import costs_file, models_dir
 
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
               "amx_bf16", "asimd", "sve")
 
 
-def _costs(machine_id: str) -> tuple[list[dict], list[dict]]:
-    """(this machine's cached target costs, the machines of the other entries)."""
+def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
+    """(this machine's cached target costs, the machines of the other entries, keys of damaged entries)."""
     mine, others = [], {}
-    for key, entry in load_cache().items():
-        if "target_batch_seconds" not in entry:
+    cache = load_cache()
+    damaged = bad_entries(cache)
+    for key, entry in cache.items():
+        if key in damaged or key.endswith("|draft"):
             continue
         if key.endswith(f"machine {machine_id}"):
             if "exact_kv" not in entry:
@@ -29,12 +31,14 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict]]:
                          "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
                          "ceiling_speedup": c.ceiling(c.exact_batch if c.exact_batch >= 2 else None)[0]})
         else:
-            m = entry.get("machine") or {"cpu": "a machine this version cannot name"}
+            m = entry.get("machine")
+            m = m if isinstance(m, dict) else {"cpu": "a machine this version cannot name"}
             others[m.get("cpu", "?")] = m
-    return mine, list(others.values())
+    return mine, list(others.values()), damaged
 
 
-def problems(features: list[str], cpu_buffer_types: list[str], other_machines: list[dict]) -> list[dict]:
+def problems(features: list[str], cpu_buffer_types: list[str], other_machines: list[dict],
+             damaged: list[str] = ()) -> list[dict]:
     """Every known problem here, with its fix; severity 'error' means ggufspec cannot run well."""
     out = []
     if system.amx_active(features, cpu_buffer_types):
@@ -49,6 +53,11 @@ def problems(features: list[str], cpu_buffer_types: list[str], other_machines: l
         names = "; ".join(m.get("cpu", "?") for m in other_machines)
         out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) holds measurements from other "
                     f"machines ({names}); they are never used here", "fix": "none needed; `ggufspec costs` measures this machine"})
+    if damaged:
+        out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) has {len(damaged)} damaged "
+                    f"entr{'y' if len(damaged) == 1 else 'ies'} (wrong shape: edited by hand or written by another "
+                    "version); ggufspec ignores them and measures again",
+                    "fix": "none needed; `ggufspec costs --refresh` rewrites them, or delete the file"})
     return out
 
 
@@ -62,7 +71,7 @@ def diagnose(rpc: str | None = None) -> dict:
     bufts = backend.cpu_buffer_types()
     machine = backend.machine()
     flags = system.cpu_flags()
-    mine, others = _costs(machine["id"])
+    mine, others, damaged = _costs(machine["id"])
     folder = models_dir()
     found = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
     return {
@@ -80,5 +89,5 @@ def diagnose(rpc: str | None = None) -> dict:
         "models_dir": str(folder),
         "models": [{"file": p.name, "size_bytes": p.stat().st_size} for p in found],
         "costs": mine,
-        "problems": problems(features, bufts, others),
+        "problems": problems(features, bufts, others, damaged),
     }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import Context, Model
-from .sampling import SamplingParams, max_prob, probs_from_logits, sample
+from .sampling import Picker, PositionNoise, SamplingParams, max_prob, probs_from_logits, sample
 
 
 @dataclass
@@ -36,8 +36,11 @@ class Drafter:
         """A new generation starts from these prompt tokens (reuse: a drafter with a KV cache may keep
         what it holds of them, as far as a cold start would compute it alike)."""
 
-    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        """Up to draft_max tokens that may follow `history`."""
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
+                *, noise: PositionNoise | None = None) -> Draft:
+        """Up to draft_max tokens that may follow `history`. noise: sampled rounds verify by the coupled
+        rule (the target keeps a draft token only if it equals its own argmax(log p + G_t)): a drafter
+        that samples proposes argmax(log q + G_t) with the same noise."""
         return Draft([])
 
     def observe(self, round_) -> None:
@@ -45,15 +48,27 @@ class Drafter:
 
 
 class ModelDrafter(Drafter):
-    """Drafts with a small model whose KV cache follows the accepted history (never re-evaluated)."""
+    """Drafts with a small model whose KV cache follows the accepted history (never re-evaluated).
+
+    target_n_vocab: the target's vocabulary size, which may differ from the draft's (llama.cpp allows
+    128 tokens either way; the shared ids are the same tokens). Proposals and q cover the shared ids
+    only (q is 0 beyond the draft's vocabulary); a target token the draft does not have is fed to
+    the draft as token 0 (it only makes the draft's guesses worse there, never the output).
+    """
 
     name = "draft"
 
-    def __init__(self, model: Model, ctx: Context, *, p_min: float = 0.0):
+    def __init__(self, model: Model, ctx: Context, *, p_min: float = 0.0, target_n_vocab: int | None = None):
         self.model = model
         self.ctx = ctx
         self.p_min = p_min
+        self.target_n_vocab = target_n_vocab or ctx.n_vocab
+        self.n_shared = min(ctx.n_vocab, self.target_n_vocab)
         self._committed = 0  # a prefix of the KV cache known to agree with every later history
+
+    def _own(self, token: int) -> int:
+        """The draft's id for a target token (0 for one beyond the draft's vocabulary)."""
+        return token if token < self.ctx.n_vocab else 0
 
     @property
     def kv_tokens(self) -> list[int]:
@@ -63,6 +78,7 @@ class ModelDrafter(Drafter):
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
         """Start a new generation: the prompt but its last token goes into the KV cache now (lazy:
         when the draft is first used). reuse: keep the cache's whole aligned batches of this prompt."""
+        prompt_tokens = [self._own(t) for t in prompt_tokens]
         keep = self._committed = self.ctx.start(prompt_tokens, reuse=reuse)
         if not lazy and len(prompt_tokens) - 1 > keep:
             self.ctx.decode(prompt_tokens[keep:-1], logits="none")
@@ -77,39 +93,46 @@ class ModelDrafter(Drafter):
         """Drop rejected drafts from the KV cache; return the history tokens it has not seen."""
         i = self._committed
         n = min(len(self.kv_tokens), len(history))
-        while i < n and self.kv_tokens[i] == history[i]:
+        while i < n and self.kv_tokens[i] == self._own(history[i]):
             i += 1
         if i == len(history):  # nothing new: step back one token so there are logits to draft from
             i -= 1
         self.ctx.truncate(i)
-        return history[i:]
+        return [self._own(t) for t in history[i:]]
 
-    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
+                *, noise: PositionNoise | None = None) -> Draft:
         start = time.perf_counter()
         draft_max = min(draft_max, self.ctx.n_ctx - len(history))
         if draft_max <= 0:
             return Draft([], source=self.name)
         pending = self._sync(history)
-        logits = self.ctx.decode(pending, logits="last")[0]
+        logits = self.ctx.decode(pending, logits="last")[0][: self.n_shared]
         self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
+        picker = Picker(params, noise) if params.greedy or noise is not None else None
         tokens: list[int] = []
-        qs: list[np.ndarray] | None = None if params.greedy else []
+        qs: list[np.ndarray] | None = None if picker else []
         while True:
-            if params.greedy:
-                if self.p_min > 0.0 and max_prob(logits) < self.p_min:
+            t = len(history) + len(tokens)  # the position this token would take
+            if picker is not None:
+                if self.p_min > 0.0 and self._confidence(logits, params) < self.p_min:
                     break
-                x = int(np.argmax(logits))
+                x = picker.pick(logits, t)
             else:
                 q = probs_from_logits(logits, params)
                 if self.p_min > 0.0 and q.max() < self.p_min:
                     break
                 x = sample(q, rng)
-                qs.append(q)
+                qs.append(np.pad(q, (0, self.target_n_vocab - len(q))))  # q = 0 where the draft has no token
             tokens.append(x)
             if len(tokens) >= draft_max:
                 break
-            logits = self.ctx.decode([x], logits="last")[0]
+            logits = self.ctx.decode([x], logits="last")[0][: self.n_shared]
         return Draft(tokens, qs, time.perf_counter() - start, self.name)
+
+    @staticmethod
+    def _confidence(logits: np.ndarray, params: SamplingParams) -> float:
+        return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params).max())
 
 
 class LookupDrafter(Drafter):
@@ -165,7 +188,8 @@ class LookupDrafter(Drafter):
                 return list(history[j + 1 : j + 1 + draft_max]), m
         return [], 0
 
-    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
+                *, noise: PositionNoise | None = None) -> Draft:
         start = time.perf_counter()
         tokens, m = self.match(history, draft_max) if draft_max > 0 else ([], 0)
         # A deterministic drafter: q is one-hot on each proposal, which the loop builds (q=None).

@@ -11,8 +11,9 @@ benchmark are both thin consumers of `stream`.
 
 from __future__ import annotations
 
-import codecs
 import copy
+import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Iterator
@@ -25,14 +26,24 @@ from .compat import check_compatible
 from .costs import costs_for
 from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
+from .prompts import check_messages
 from .rpc import placement
-from .sampling import SamplingParams
+from .system import check_threads
+from .sampling import SAMPLING_RULES, PositionNoise, SamplingParams
 from .speculative import DEFAULT_TIE_MARGIN, Verification, prefill, rounds
+from .text import TextAssembler
 
 # auto: per round, whatever pays (no draft / lookup / draft model); draft: the draft model;
 # lookup: prompt n-grams; target: no drafting; draft-alone: the draft model generating by
 # itself (a baseline for the benchmark: its text is the draft's, not the target's).
 MODES = ("auto", "target", "draft", "lookup", "draft-alone")
+# How sampled rounds keep the target's distribution. coupled: position t gets Gumbel noise from
+# (seed, t), the target's token is argmax(log p + G_t) and a draft token stands only if it is the
+# same, so a seed gives the target's own text whatever was drafted (Daliri et al. 2024). rejection:
+# Leviathan's rule (accept with min(1, p/q), resample the residual): higher acceptance, but which
+# random numbers are drawn depends on what was drafted, so a seed reproduces a run only with the
+# same drafts. Default: coupled with a seed, rejection without (see docs/guarantees.md).
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,18 @@ class GenerationSettings(SamplingParams):
     # prompt, a retry), in whole aligned batches of n_batch tokens only, so that the output is
     # bit-identical to a cold start; False evaluates the whole prompt (the benchmark's default).
     reuse_prompt: bool = True
+    sampling_rule: str | None = None  # "coupled" or "rejection"; None: coupled with a seed, else rejection
+
+    @property
+    def rule(self) -> str:
+        """The sampling rule in force (greedy rounds use neither)."""
+        return self.sampling_rule or ("coupled" if self.seed is not None else "rejection")
 
     def validate(self) -> "GenerationSettings":
         checks = [
             (self.max_tokens >= 1, f"-n/--n-predict must be at least 1 (got {self.max_tokens})"),
-            (self.temperature >= 0, f"--temp must be >= 0 (got {self.temperature})"),
+            (math.isfinite(self.temperature) and self.temperature >= 0,
+             f"--temp must be a finite number >= 0 (got {self.temperature})"),
             (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}; 0 turns it off)"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p})"),
             (0 <= self.min_p < 1, f"--min-p must be in [0, 1) (got {self.min_p})"),
@@ -70,7 +88,12 @@ class GenerationSettings(SamplingParams):
             (0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
             (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
             (self.mode in MODES, f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})"),
-            (self.seed is None or 0 <= self.seed < 2**63, f"-s/--seed must be a non-negative integer (got {self.seed})"),
+            (self.seed is None or 0 <= self.seed <= MAX_SEED,
+             f"-s/--seed must be between 0 and 2**63-1 = {MAX_SEED} (got {self.seed})"),
+            (self.sampling_rule in (None, *SAMPLING_RULES),
+             f"--sampling-rule must be one of {', '.join(SAMPLING_RULES)} (got {self.sampling_rule!r})"),
+            (all(isinstance(x, str) and x for x in self.stop),
+             f"--stop: every stop string must be non-empty text (got {list(self.stop)!r}; an empty one would stop at once)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -180,20 +203,18 @@ class Result:
                 "n_prompt": len(self.prompt_tokens), "stats": self.stats.to_dict()}
 
 
-def _find_stop(text: str, stops: tuple[str, ...], since: int) -> int:
-    """Index of the earliest stop string that ends after position `since`, or -1."""
-    hits = [i for x in stops if (i := text.find(x, max(0, since - len(x) + 1))) >= 0]
-    return min(hits, default=-1)
-
-
 def _settings(settings: GenerationSettings | None, overrides: dict) -> GenerationSettings:
     known = {f.name for f in fields(GenerationSettings)}
     unknown = set(overrides) - known
     if unknown:
         raise TypeError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
     s = replace(settings or GenerationSettings(), **overrides)
-    if isinstance(s.stop, str):
+    if s.stop is None:
+        s = replace(s, stop=())
+    elif isinstance(s.stop, str):
         s = replace(s, stop=(s.stop,))
+    elif not isinstance(s.stop, tuple):
+        s = replace(s, stop=tuple(s.stop))
     return s.validate()
 
 
@@ -214,8 +235,7 @@ class Engine(Closing):
             raise GGUFSpecError(f"-c/--ctx-size must be at least 8 (got {n_ctx})")
         if n_batch < 1:
             raise GGUFSpecError(f"-b/--batch-size must be at least 1 (got {n_batch})")
-        if n_threads is not None and n_threads < 1:
-            raise GGUFSpecError(f"-t/--threads must be at least 1 (got {n_threads})")
+        check_threads(n_threads)
         set_verbose(verbose)
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = None
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
@@ -235,9 +255,15 @@ class Engine(Closing):
         # (remeasure=True measures again, e.g. after the machine's load or clocks changed).
         self.costs = costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure) if measure or remeasure else None
         self.exact_batch = self.costs.exact_batch if self.costs else 1
-        self.model_drafter = ModelDrafter(self.draft_model, self.draft_ctx) if self.draft_model else None
+        self.model_drafter = ModelDrafter(self.draft_model, self.draft_ctx,
+                                          target_n_vocab=self.target_model.n_vocab) if self.draft_model else None
         self.lookup_drafter = LookupDrafter()
         self._auto: dict[bool, AutoDrafter] = {}
+        # One generation at a time: a generation started in another thread waits for the running one;
+        # one started in the same thread supersedes its unfinished stream (resuming that one raises).
+        self._turn = threading.Lock()
+        self._holder: int | None = None  # the thread whose generation runs
+        self._generation = 0  # the running generation's number
 
     def exact_for(self, setting: bool | None) -> bool:
         """Whether greedy rounds verify in bit-exact chunks: as set, or by default when this
@@ -267,14 +293,25 @@ class Engine(Closing):
     def tokenize_prompt(self, prompt: str | bytes | None = None, messages: list[dict] | None = None) -> list[int]:
         """Prompt text or bytes (tokenized as llama.cpp does: bytes as they are, whatever their
         encoding) or chat messages (through the GGUF's template)."""
+        self._check_open()
         if (prompt is None) == (messages is None):
             raise GGUFSpecError("give exactly one of a prompt or chat messages")
-        tokens = self.target_model.tokenize_chat(messages) if messages is not None else self.target_model.tokenize(prompt)
+        if messages is not None:
+            tokens = self.target_model.tokenize_chat(check_messages(messages))
+        elif isinstance(prompt, (str, bytes)):
+            tokens = self.target_model.tokenize(prompt)
+        else:
+            raise GGUFSpecError(f"the prompt must be text or bytes (got {type(prompt).__name__}); "
+                                "token ids go in prompt_tokens=")
         return self._check_prompt(tokens)
 
     def _check_prompt(self, tokens: list[int]) -> list[int]:
         if not tokens:
             raise GGUFSpecError("the prompt is empty; give some text")
+        n_vocab = self.target_model.n_vocab
+        bad = next((t for t in tokens if not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise GGUFSpecError(f"prompt_tokens holds {bad!r}, not a token id of this model (0 to {n_vocab - 1})")
         if len(tokens) >= self.n_ctx:
             raise GGUFSpecError(
                 f"the prompt is {len(tokens)} tokens, longer than the context (n_ctx={self.n_ctx}); raise -c or shorten the prompt"
@@ -299,14 +336,32 @@ class Engine(Closing):
     def stream(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,
                **overrides) -> Iterator[Chunk]:
-        """Yield a Chunk per round; the last one carries finish_reason ("stop", "length" or "stop_string")."""
+        """Yield a Chunk per round; the last one carries finish_reason ("stop", "length" or "stop_string").
+
+        Give one of prompt, messages or prompt_tokens. One generation runs at a time: a stream begun
+        in another thread waits until this one ends (or is closed); a generation begun in the same
+        thread before this stream ends supersedes it, and resuming it raises GGUFSpecError.
+        """
         s = _settings(settings, overrides)
+        self._check_open()
+        given = [x for x in (prompt, messages, prompt_tokens) if x is not None]
+        if len(given) != 1:
+            raise GGUFSpecError("give exactly one of a prompt, chat messages or prompt_tokens")
+        generation = self._begin()
+        try:
+            yield from self._run(generation, s, prompt, messages, prompt_tokens)
+        finally:
+            self._end(generation)
+
+    def _run(self, generation: int, s: GenerationSettings, prompt, messages, prompt_tokens) -> Iterator[Chunk]:
+        self._check_open()
         exact = self.exact_for(s.exact)
         drafter = self._drafter(s.mode, exact)
         if prompt_tokens is None:
             prompt_tokens = self.tokenize_prompt(prompt, messages)
         else:
             self._check_prompt(prompt_tokens)
+        prompt_tokens = [int(t) for t in prompt_tokens]
         model, ctx = (self.draft_model, self.draft_ctx) if s.mode == "draft-alone" else (self.target_model, self.target_ctx)
         if self.model_drafter:
             self.model_drafter.p_min = s.draft_p_min
@@ -317,61 +372,84 @@ class Engine(Closing):
             drafter.reset(prompt_tokens, reuse=s.reuse_prompt)
         stats.prompt_seconds = time.perf_counter() - start
 
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text, emitted, finish = "", 0, None
-        eog = model.eog_mask
-        hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
+        text = TextAssembler(model.token_to_piece, model.eog_mask, stop=s.stop, max_tokens=s.max_tokens,
+                             ignore_eos=s.ignore_eos)
         on_target = ctx is self.target_ctx
         verification = Verification(self.exact_batch if on_target else 1, exact, s.tie_margin,
                                     self.costs.exact_kv if on_target and self.costs else None)
-        gen_start = time.perf_counter()
-        for r in rounds(ctx, drafter, prompt_tokens, logits, s, np.random.default_rng(s.seed), max_tokens=s.max_tokens,
-                        draft_max=s.draft_max if drafter is not None else 0, draft_min=s.draft_min,
-                        verification=verification):
+        coupled = not s.greedy and s.rule == "coupled"
+        seed = s.seed if s.seed is not None else int(np.random.SeedSequence().entropy % (MAX_SEED + 1))
+        noise = PositionNoise(seed, ctx.n_vocab) if coupled else None
+        steps = rounds(ctx, drafter, prompt_tokens, logits, s, np.random.default_rng(s.seed), max_tokens=s.max_tokens,
+                       draft_max=s.draft_max if drafter is not None else 0, draft_min=s.draft_min,
+                       verification=verification, noise=noise)
+        while True:
+            if generation != self._generation:
+                raise GGUFSpecError("this stream was superseded by a later generation on the same Engine; "
+                                    "finish or close() a stream before starting another")
+            self._check_open()
+            round_start = time.perf_counter()
+            r = next(steps, None)
+            if r is None:
+                return
             stats.add(r)
-            new_tokens = []
-            for t in r.tokens:
-                if eog[t] and not s.ignore_eos:
-                    finish = "stop"
-                    break
-                new_tokens.append(t)
-                before = len(text)
-                text += decoder.decode(model.token_to_piece(t))
-                cut = _find_stop(text, s.stop, before)
-                if cut >= 0:
-                    text, finish = text[:cut], "stop_string"
-                    break
-                if stats.n_generated + len(new_tokens) >= s.max_tokens:
-                    finish = "length"
-                    break
+            new_tokens, shown, finish = text.add(r.tokens)
             stats.n_generated += len(new_tokens)
-            stats.generation_seconds = time.perf_counter() - gen_start
-            if finish is None:
-                upto = max(emitted, len(text) - hold)
-            else:
-                if finish != "stop_string":
-                    text += decoder.decode(b"", final=True)
-                upto = len(text)
-            yield Chunk(text[emitted:upto], new_tokens, r.source, r.n_drafted, r.n_accepted, copy.deepcopy(stats), finish)
-            emitted = upto
+            # the rounds' own time: the caller's time between chunks is not generation time
+            stats.generation_seconds += time.perf_counter() - round_start
+            yield Chunk(shown, new_tokens, r.source, r.n_drafted, r.n_accepted, copy.deepcopy(stats), finish)
             if finish is not None:
                 return
+
+    def _begin(self) -> int:
+        """Wait for this generation's turn (see `stream`); returns its number."""
+        me = threading.get_ident()
+        if self._holder != me:
+            self._turn.acquire()
+            self._holder = me
+        self._generation += 1
+        return self._generation
+
+    def _end(self, generation: int) -> None:
+        if generation == self._generation and self._holder is not None:
+            self._holder = None
+            self._turn.release()
+
+    def _check_open(self) -> None:
+        if self.target_ctx is None:
+            raise GGUFSpecError("this Engine is closed; open a new one")
 
     def generate(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                  prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,
                  **overrides) -> Result:
         """Generate to completion; returns text, generated token ids, stats and why it stopped."""
+        if sum(x is not None for x in (prompt, messages, prompt_tokens)) != 1:
+            raise GGUFSpecError("give exactly one of a prompt, chat messages or prompt_tokens")
         if prompt_tokens is None:
             prompt_tokens = self.tokenize_prompt(prompt, messages)
         parts, tokens, chunk = [], [], None
-        for chunk in self.stream(prompt_tokens=prompt_tokens, settings=settings, **overrides):
-            parts.append(chunk.text)
-            tokens.extend(chunk.tokens)
-        return Result("".join(parts), tokens, chunk.stats, chunk.finish_reason, list(prompt_tokens))
+        stream = self.stream(prompt_tokens=prompt_tokens, settings=settings, **overrides)
+        try:
+            for chunk in stream:
+                parts.append(chunk.text)
+                tokens.extend(chunk.tokens)
+        finally:
+            stream.close()
+        return Result("".join(parts), tokens, chunk.stats, chunk.finish_reason, [int(t) for t in prompt_tokens])
 
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Free the models and contexts. A generation running in another thread finishes first."""
+        turn = getattr(self, "_turn", None)
+        waited = turn is not None and self._holder not in (None, threading.get_ident()) and turn.acquire()
+        try:
+            self._free()
+        finally:
+            if waited:
+                turn.release()
+
+    def _free(self) -> None:
         for name in ("draft_ctx", "draft_model", "target_ctx", "target_model"):
             obj = getattr(self, name, None)
             if obj is not None:

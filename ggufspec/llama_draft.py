@@ -69,9 +69,10 @@ class GGUFDraftModel(LlamaDraftModel):
             if mode != "lookup":
                 self.model = Model(resolve_model(str(draft), reg, offline=offline), n_gpu_layers=n_gpu_layers, role="draft")
                 self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
-            costs = None
+            costs, target_n_vocab = None, None
             if target_path is not None:
                 with Model(target_path, role="target") as t:
+                    target_n_vocab = t.n_vocab
                     if self.model is not None:
                         check_compatible(t, self.model)
                     with Context(t, n_ctx=LONG_KV + 32, n_batch=16, n_threads=n_threads) as tctx:
@@ -86,7 +87,8 @@ class GGUFDraftModel(LlamaDraftModel):
             self.num_pred_tokens = min(num_pred_tokens, costs.exact_batch - 1)
         self.costs = costs
         self.lookup = LookupDrafter()
-        self.model_drafter = ModelDrafter(self.model, self.ctx) if self.model is not None else None
+        self.model_drafter = ModelDrafter(self.model, self.ctx, target_n_vocab=target_n_vocab) if self.model is not None else None
+        self._attached = None  # the Llama this drafter serves (see attach)
         if mode == "auto":
             # Llama verifies [last] + draft in one batch: no exact chunks.
             self.drafter = AutoDrafter(costs, exact=False, exact_batch=costs.exact_batch, lookup=self.lookup,
@@ -98,9 +100,31 @@ class GGUFDraftModel(LlamaDraftModel):
         self._pending: tuple[Draft, float] | None = None  # the last proposal and when it was handed over
         self.stats = {"calls": 0, "drafted": 0, "accepted": 0, "by_source": {}}
 
+    def attach(self, llama) -> None:
+        """Serve this `llama_cpp.Llama`: check the draft's vocabulary against its model (one
+        GGUFSpecError naming the mismatch) and size the drafts to its vocabulary. Done on the first
+        call if not before; call it yourself to hear of a bad pair before generating."""
+        from .backend import LlamaVocab
+        from .compat import check_compatible
+
+        if self._attached is llama:
+            return
+        if self.model is not None:
+            vocab = LlamaVocab(llama)
+            check_compatible(vocab, self.model)
+            self.model_drafter = ModelDrafter(self.model, self.ctx, target_n_vocab=vocab.n_vocab)
+            if self.mode == "draft":
+                self.drafter = self.model_drafter
+            elif self.mode == "auto":
+                self.drafter.model = self.model_drafter
+        _make_room_for_logits(llama)
+        self._attached = llama
+
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
-        if not self.stats["calls"]:
-            _make_room_for_logits(sys._getframe(1).f_locals.get("self"))
+        if self._attached is None:
+            caller = sys._getframe(1).f_locals.get("self")  # Llama.generate calls its draft_model
+            if caller is not None and hasattr(caller, "_model"):
+                self.attach(caller)
         history = [int(x) for x in input_ids]
         now = time.perf_counter()
         if history[: len(self._history)] == self._history and self._history:

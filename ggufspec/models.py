@@ -3,6 +3,7 @@ loaded `Engine`: the one place that resolves names, plans offload and opens mode
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,13 +36,19 @@ class LoadOptions:
 
 
 def looks_like_path(text: str) -> bool:
-    return text.endswith(".gguf") or "/" in text or Path(text).exists()
+    return text.endswith(".gguf") or "/" in text or os.path.lexists(text)
 
 
 def resolve_model(name_or_path: str, registry: Registry, *, offline: bool = False) -> Path:
     """A path is taken as it is (checked when loaded); a registry name is found or downloaded."""
     if looks_like_path(name_or_path):
-        return Path(name_or_path)
+        path = Path(name_or_path)
+        if os.path.lexists(path):
+            try:
+                path.stat()
+            except OSError as e:  # a symlink loop, a dangling link, a directory we may not enter
+                raise GGUFSpecError(f"{path}: cannot resolve this path ({e.strerror}); check the link or give the file itself") from None
+        return path
     return ensure_model(registry.model(name_or_path), offline=offline)
 
 

@@ -180,7 +180,7 @@ def split_layers(n_gpu_layers: int, n_layers: int, free_by_device: dict[str, int
     return count
 
 
-def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_bytes: int, n_ctx: int,
+def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_bytes: int | None, n_ctx: int,
          draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None) -> Plan:
     """Draft first, fully if it fits; then target layers; refuse if the CPU side exceeds RAM.
 
@@ -196,7 +196,7 @@ def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_b
         budget -= d.gpu_bytes if draft_vram_bytes is None else 0
     t = _place(target, "target", budget, n_ctx)
     p = Plan(vram_bytes, ram_bytes, n_ctx, t, d, split_layers(t.n_gpu_layers, t.n_layers, devices) if devices else None)
-    if ram_bytes and p.cpu_bytes > ram_bytes:
+    if ram_bytes is not None and p.cpu_bytes > ram_bytes:
         raise GGUFSpecError(
             f"this plan needs {p.cpu_bytes / GiB:.1f} GiB of RAM beside {p.gpu_bytes / GiB:.1f} GiB of VRAM, but the machine "
             f"has {ram_bytes / GiB:.1f} GiB: {(p.cpu_bytes - ram_bytes) / GiB:.1f} GiB missing; use a smaller quantisation, "
@@ -205,11 +205,11 @@ def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_b
     return p
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, flag: str = "--vram") -> int:
     """'24GiB', '24G', '8192MiB', '0' -> bytes (G and GB read as GiB, as GPU makers' sizes are)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
     if not m:
-        raise GGUFSpecError(f"--vram {text!r} is not a size; write e.g. 24GiB, 8192MiB or 0")
+        raise GGUFSpecError(f"{flag} {text!r} is not a size; write e.g. 24GiB, 8192MiB{' or 0' if flag == '--vram' else ''}")
     unit = {"": 1, "K": 1 << 10, "M": MiB, "G": GiB, "T": 1 << 40}[m.group(2).upper()]
     return int(float(m.group(1)) * unit)
 
@@ -270,6 +270,6 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
     dvram = vram if draft_vram_bytes is None else draft_vram_bytes
     if vram <= 0 and dvram <= 0:
         return one(ngl, 0), one(ngld, 0)  # nothing to plan: everything stays on the CPU
-    p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=0, n_ctx=n_ctx,
+    p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=None, n_ctx=n_ctx,
              draft_vram_bytes=draft_vram_bytes)
     return one(ngl, p.target.n_gpu_layers), one(ngld, p.draft.n_gpu_layers if p.draft else 0)

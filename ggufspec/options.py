@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .errors import GGUFSpecError
+from .sampling import SAMPLING_RULES
 
 
 class Layers(click.ParamType):
@@ -37,7 +38,7 @@ registry_option = click.option("--registry", type=click.Path(dir_okay=False), de
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 ctx_option = click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens.")
 target_option = click.option("-m", "--model", "target", help="Target model: a .gguf path or a model name from models.toml.")
-draft_option = click.option("-md", "--model-draft", "draft", help="Draft model: a .gguf path or a model name.")
+draft_option = click.option("-md", "--model-draft", "--spec-draft-model", "draft", help="Draft model: a .gguf path or a model name.")
 rpc_option = click.option("--rpc", default=None, envvar="GGUFSPEC_RPC", metavar="HOST:PORT[,...]",
                           help="llama.cpp RPC servers (`ggufspec rpc-server` on each): the target's layers go there, "
                                "the draft stays here.")
@@ -51,7 +52,7 @@ def model_options(fn):
         click.argument("pair", required=False), target_option, draft_option,
         click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=Layers(), default=None,
                      help="Target layers on the GPU: N, all or auto (default auto)."),
-        click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=Layers(), default=None,
+        click.option("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", "draft_n_gpu_layers", type=Layers(), default=None,
                      help="Draft layers on the GPU: N, all or auto (default auto)."),
         ctx_option,
         click.option("-b", "--batch-size", "n_batch", type=int, default=512, show_default=True, help="Logical batch size."),
@@ -59,7 +60,7 @@ def model_options(fn):
         registry_option, rpc_option,
         click.option("-dev", "--device", "devices", default=None,
                      help="Devices the target may use, e.g. RPC0,RPC1 ('none': the CPU alone; default: all, or the RPC ones with --rpc)."),
-        click.option("-devd", "--device-draft", "draft_devices", default=None,
+        click.option("-devd", "--device-draft", "--spec-draft-device", "draft_devices", default=None,
                      help="Devices the draft may use (default: all, or this machine's own with --rpc)."),
         click.option("--offline", is_flag=True, help="Never reach the Hugging Face Hub; use local or cached files."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
@@ -74,13 +75,23 @@ def sampling_options(fn):
         click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
         click.option("--min-p", type=float, default=None, help="Drop tokens below min-p x the top probability."),
         click.option("-s", "--seed", type=int, default=None, help="Random seed; the same seed gives the same text."),
-        click.option("--draft-max", "--draft", "draft_max", default=None, help="Most tokens drafted per round."),
-        click.option("--draft-min", type=int, default=None, help="Fewest drafted tokens worth verifying."),
-        click.option("--draft-p-min", type=float, default=None,
+        click.option("--draft-max", "--draft", "--spec-draft-n-max", "draft_max", default=None,
+                     help="Most tokens drafted per round."),
+        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=int, default=None,
+                     help="Fewest drafted tokens worth verifying."),
+        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float, default=None,
                      help="Stop drafting when the draft's own confidence falls below this."),
         click.option("--mode", default=None,
                      help="Drafting: auto (default: whatever pays each round), draft (model), lookup (prompt n-grams), "
                           "target (none), draft-alone (the draft model by itself)."),
+        click.option("--spec-type", default=None, metavar="TYPE[,TYPE]",
+                     help="llama.cpp's name for --mode: none = target, draft-simple = draft, ngram-simple or "
+                          "ngram-map-k = lookup, a draft type with an n-gram type = auto."),
+        click.option("--sampling-rule", type=click.Choice(SAMPLING_RULES), default=None,
+                     help="How sampled drafts are verified. coupled: a seed gives the target's own text in every "
+                          "mode (Gumbel noise per position; lower acceptance). rejection: Leviathan's rule (higher "
+                          "acceptance; the text with a seed depends on what was drafted). Default: coupled with "
+                          "-s/--seed, rejection without."),
         click.option("--ignore-eos", is_flag=True, default=None, help="Keep generating past end-of-generation tokens."),
         click.option("--exact/--no-exact", default=None,
                      help="Greedy: verify only in batch sizes that are bit-identical to one-token decoding "
@@ -89,7 +100,32 @@ def sampling_options(fn):
 
 
 SETTING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode",
-                "ignore_eos", "exact")
+                "ignore_eos", "exact", "sampling_rule")
+
+# llama.cpp's --spec-type names (common/speculative.cpp) and the --mode that means the same here.
+SPEC_TYPES = {"none": "target", "draft-simple": "draft", "ngram-simple": "lookup", "ngram-map-k": "lookup"}
+SPEC_TYPES_ELSEWHERE = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-map-k4v", "ngram-mod",
+                        "ngram-cache")
+
+
+def mode_for_spec_type(value: str) -> str:
+    """--spec-type as llama.cpp takes it (a comma list) to a --mode; one line where nothing here means the same."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise GGUFSpecError("--spec-type names no type; give e.g. draft-simple or ngram-simple")
+    for name in names:
+        if name in SPEC_TYPES_ELSEWHERE:
+            raise GGUFSpecError(f"--spec-type {name} is a llama.cpp drafter that ggufspec does not have; the nearest are "
+                                "draft-simple (--mode draft) and ngram-simple (--mode lookup), or --mode auto")
+        if name not in SPEC_TYPES:
+            raise GGUFSpecError(f"--spec-type {name!r} is not a llama.cpp type ggufspec knows; choose from "
+                                f"{', '.join(SPEC_TYPES)}")
+    modes = {SPEC_TYPES[n] for n in names}
+    if len(modes) == 1:
+        return modes.pop()
+    if modes == {"draft", "lookup"}:
+        return "auto"  # a draft model and n-grams together: auto chooses per round
+    raise GGUFSpecError(f"--spec-type {value}: 'none' cannot be combined with other types")
 
 
 def split_options(options: dict, **load_extra):
@@ -98,6 +134,11 @@ def split_options(options: dict, **load_extra):
 
     load = LoadOptions(**{k: options[k] for k in LOAD_KEYS if k in options}, **load_extra)
     given = {k: options[k] for k in SETTING_KEYS if options.get(k) is not None}
+    if options.get("spec_type") is not None:
+        mode = mode_for_spec_type(options["spec_type"])
+        if given.get("mode", mode) != mode:
+            raise GGUFSpecError(f"--spec-type {options['spec_type']} means --mode {mode}, but --mode {given['mode']} was given")
+        given["mode"] = mode
     return load, given, options.get("draft_max")
 
 

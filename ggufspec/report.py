@@ -146,8 +146,8 @@ def _costs_line(meta: dict) -> str:
     return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
 
 
-def plot_sweep(rows: list[dict], path: str) -> None:
-    """PNG of tok/s against --draft-max per mode, with the target alone as a line."""
+def plot_library():
+    """matplotlib's pyplot (headless), or one line saying how to install it (checked before a run)."""
     try:
         import matplotlib
 
@@ -155,6 +155,12 @@ def plot_sweep(rows: list[dict], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise GGUFSpecError("--plot needs matplotlib: pip install 'ggufspec[plot]'") from None
+    return plt
+
+
+def plot_sweep(rows: list[dict], path: str) -> None:
+    """PNG of tok/s against --draft-max per mode, with the target alone as a line."""
+    plt = plot_library()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     target = [r for r in rows if r["mode"] == "target" and r["group"] == "all"]
     if target:

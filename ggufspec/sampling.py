@@ -66,6 +66,24 @@ def apply_min_p(probs: np.ndarray, min_p: float) -> np.ndarray:
     return out / out.sum()
 
 
+def tempered_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """log p up to a constant (float64): filters in llama.cpp's order (top-k, top-p, min-p on the
+    untempered distribution; dropped tokens -inf), then the temperature over the survivors. The
+    maximum is subtracted before dividing, so a tiny temperature gives -inf, never inf - inf."""
+    shaped = apply_top_k(np.asarray(logits), params.top_k)
+    if params.top_p < 1.0 or params.min_p > 0.0:
+        probs = softmax(shaped)
+        probs = apply_top_p(probs, params.top_p)
+        probs = apply_min_p(probs, params.min_p)
+        shaped = np.where(probs > 0, shaped, -np.inf)
+    x = shaped.astype(np.float64, copy=True)
+    x -= x.max()
+    with np.errstate(over="ignore", invalid="ignore"):
+        x /= params.temperature
+    x[np.isnan(x)] = -np.inf  # -inf / tiny
+    return x
+
+
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The distribution a sampler draws from, over the whole vocabulary (float64, sums to 1).
 
@@ -77,13 +95,7 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         out = np.zeros(logits.shape[-1])
         out[int(np.argmax(logits))] = 1.0
         return out
-    shaped = apply_top_k(logits, params.top_k)
-    if params.top_p < 1.0 or params.min_p > 0.0:
-        probs = softmax(shaped)
-        probs = apply_top_p(probs, params.top_p)
-        probs = apply_min_p(probs, params.min_p)
-        shaped = np.where(probs > 0, shaped, -np.inf)
-    return softmax(shaped / params.temperature)
+    return softmax(tempered_logits(logits, params))
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
@@ -138,3 +150,63 @@ def max_prob(logits: np.ndarray) -> float:
     """Probability of the most likely token under softmax(logits), without building the vector."""
     x = np.asarray(logits, dtype=np.float64)
     return float(1.0 / np.exp(x - x.max()).sum())
+
+
+# -- seeded sampling that does not depend on the drafter --------------------------------------
+
+# How sampled drafts are verified: "coupled" (PositionNoise below: a seed gives the target's own text
+# whatever was drafted) or "rejection" (Leviathan's rule, `verify` above).
+SAMPLING_RULES = ("coupled", "rejection")
+
+
+class PositionNoise:
+    """Gumbel noise G_t over the vocabulary that depends on (seed, t) alone, t the token's position
+    in the sequence. argmax(log p_t + G_t) is an exact sample of p_t (the Gumbel-max trick), so a
+    target that picks its tokens this way writes the same text whoever proposed the drafts: the
+    drafter-invariant coupling of Daliri, Musco and Suresh (2024). A draft that proposes
+    argmax(log q_t + G_t) with the same noise is accepted at least (1 - d) / (1 + d) of the time,
+    d the total variation distance between p_t and q_t."""
+
+    def __init__(self, seed: int, n_vocab: int, keep: int = 64):
+        self.seed, self.n_vocab, self.keep = int(seed), int(n_vocab), keep
+        self._cache: dict[int, np.ndarray] = {}
+
+    def at(self, t: int) -> np.ndarray:
+        g = self._cache.get(t)
+        if g is None:
+            if len(self._cache) >= self.keep:
+                del self._cache[min(self._cache)]
+            g = self._cache[t] = np.random.default_rng([self.seed, int(t)]).gumbel(size=self.n_vocab)
+        return g
+
+
+class Picker:
+    """How a row of logits becomes a token when that is a function of the row: the argmax (greedy),
+    or with `noise` the coupled sample argmax(log p_t + G_t). Row i of a batch whose first row
+    predicts position t0 predicts position t0 + i. Verification compares these picks with the draft;
+    a batched row whose best two scores are within `margin` is a near-tie (the margin is in logits:
+    divided by the temperature for scores in log p)."""
+
+    def __init__(self, params: SamplingParams, noise: PositionNoise | None = None):
+        self.params = params
+        self.noise = None if params.greedy else noise
+
+    def scores(self, row: np.ndarray, t: int) -> np.ndarray:
+        if self.noise is None:
+            return np.asarray(row)
+        return tempered_logits(row, self.params) + self.noise.at(t)[: len(row)]
+
+    def pick(self, row: np.ndarray, t: int) -> int:
+        return int(np.argmax(self.scores(row, t)))
+
+    def picks(self, rows: np.ndarray, t0: int) -> list[int]:
+        return [self.pick(row, t0 + i) for i, row in enumerate(rows)]
+
+    def near_ties(self, rows: np.ndarray, t0: int, margin: float) -> np.ndarray:
+        if self.noise is None:
+            return near_ties(rows, margin)
+        m = margin / self.params.temperature
+        return np.array([bool(near_ties(self.scores(row, t0 + i), m)) for i, row in enumerate(rows)], dtype=bool)
+
+    def gap(self, row: np.ndarray, t: int) -> float:
+        return top2_gap(self.scores(row, t))

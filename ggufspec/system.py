@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import re
 from pathlib import Path
@@ -135,3 +136,23 @@ def describe(cpu: str, features: list[str], devices: list[dict], llama_cpp_versi
                "devices": sorted(f"{d['name']} ({d['description']})" for d in devices)}
     digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
     return {"id": digest, "summary": summary}
+
+
+# llama.cpp's GGML_MAX_N_THREADS; beyond a few threads per CPU a thread pool only slows it down.
+GGML_MAX_THREADS = 512
+
+
+def max_threads() -> int:
+    """The most threads ggufspec asks llama.cpp for: 4 per logical CPU, within ggml's limit."""
+    return min(GGML_MAX_THREADS, 4 * (os.cpu_count() or 1))
+
+
+def check_threads(n: int | None, flag: str = "-t/--threads") -> None:
+    """One line for a thread count llama.cpp cannot use well (None: the default)."""
+    from .errors import GGUFSpecError
+
+    if n is None:
+        return
+    limit = max_threads()
+    if not 1 <= n <= limit:
+        raise GGUFSpecError(f"{flag} must be between 1 and {limit} on this machine ({os.cpu_count()} CPUs; got {n})")

@@ -55,8 +55,13 @@ def test_per_suite_rows_and_sampled_runs(tiny):
     data = json.loads(r.stdout)
     assert {(row["mode"], row["group"]) for row in data["rows"]} == {
         ("target", "code"), ("target", "edit"), ("auto", "code"), ("auto", "edit")}
-    assert all(row["identical_to_target"] is None for row in data["rows"])  # not a greedy run
+    # sampled runs get seed 0 and so the coupled rule: every mode must write the target's own text
+    assert [row["identical_to_target"] for row in data["rows"] if row["mode"] == "auto"] == [True, True]
     assert data["settings"]["seed"] == 0
+    r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code", "-n", "8", "--modes", "target,draft",
+              "--temp", "0.7", "--sampling-rule", "rejection", "--json")
+    data = json.loads(r.stdout)
+    assert all(row["identical_to_target"] is None for row in data["rows"])  # the rejection rule's text may differ
 
 
 def test_prompts_file_text_and_jsonl(tiny, tmp_path):

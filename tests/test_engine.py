@@ -174,12 +174,12 @@ def _joint_two_tokens(ctx: Context, prompt, params) -> np.ndarray:
     return joint.ravel()
 
 
-def _sample_two_tokens(engine, prompt, params, n, mode="draft", gamma=2):
+def _sample_two_tokens(engine, prompt, params, n, mode="draft", gamma=2, rule="rejection"):
     """Counts of the 2nd and 3rd tokens: generating 4, the round after the prompt's token drafts 2."""
     counts = np.zeros(engine.target_model.n_vocab ** 2)
     for seed in range(n):
         out = engine.generate(prompt_tokens=prompt, max_tokens=4, temperature=params.temperature, top_k=params.top_k,
-                              seed=seed, draft_max=gamma, mode=mode, ignore_eos=True)
+                              seed=seed, draft_max=gamma, mode=mode, ignore_eos=True, sampling_rule=rule)
         assert out.stats.n_drafted > 0 or mode != "draft"
         counts[out.tokens[1] * engine.target_model.n_vocab + out.tokens[2]] += 1
     return counts
@@ -191,13 +191,14 @@ def letters_pair(tiny):
         yield e
 
 
+@pytest.mark.parametrize("rule", ["rejection", "coupled"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=8)])
-def test_sampled_speculative_follows_target_distribution(letters_pair, params):
+def test_sampled_speculative_follows_target_distribution(letters_pair, params, rule):
     e = letters_pair
     prompt = [1, 5, 6]
     p = _joint_two_tokens(e.target_ctx, prompt, params)
     q = _joint_two_tokens(e.draft_ctx, prompt, params)
-    counts = _sample_two_tokens(e, prompt, params, 4000)
+    counts = _sample_two_tokens(e, prompt, params, 4000, rule=rule)
     stat_p, df_p = _chi2(counts, p)
     stat_q, df_q = _chi2(counts, q)
     assert stat_p < _chi2_critical(df_p), f"speculative samples do not follow p: chi2 {stat_p:.1f} on {df_p} df"
@@ -218,11 +219,25 @@ def test_distribution_test_catches_a_wrong_acceptance_rule(letters_pair, monkeyp
     assert stat > _chi2_critical(df)
 
 
-def test_lookup_drafting_also_keeps_the_distribution(letters_pair):
+def test_distribution_test_catches_noise_that_is_not_gumbel(letters_pair, monkeypatch):
+    """The coupled rule's negative control: argmax(log p + noise) is a sample of p only for Gumbel
+    noise; with uniform noise (a plausible slip) the same test must fail."""
+    from ggufspec.sampling import PositionNoise
+
+    monkeypatch.setattr(PositionNoise, "at", lambda self, t: np.random.default_rng([self.seed, t]).random(self.n_vocab))
+    params = SamplingParams(temperature=1.0)
+    p = _joint_two_tokens(letters_pair.target_ctx, [1, 5, 6], params)
+    counts = _sample_two_tokens(letters_pair, [1, 5, 6], params, 4000, rule="coupled")
+    stat, df = _chi2(counts, p)
+    assert stat > _chi2_critical(df)
+
+
+@pytest.mark.parametrize("rule", ["rejection", "coupled"])
+def test_lookup_drafting_also_keeps_the_distribution(letters_pair, rule):
     params = SamplingParams(temperature=1.0)
     prompt = [1, 5, 6, 5, 6, 5]  # repetition gives the n-gram drafter something to propose
     p = _joint_two_tokens(letters_pair.target_ctx, prompt, params)
-    counts = _sample_two_tokens(letters_pair, prompt, params, 3000, mode="lookup")
+    counts = _sample_two_tokens(letters_pair, prompt, params, 3000, mode="lookup", rule=rule)
     stat, df = _chi2(counts, p)
     assert stat < _chi2_critical(df)
 

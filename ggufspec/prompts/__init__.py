@@ -26,6 +26,24 @@ class Prompt:
         return f"{self.suite}-{self.index}"
 
 
+def check_messages(messages, where: str = "messages") -> list[dict]:
+    """Chat messages as a template needs them: a non-empty list of {"role": str, "content": str}
+    (extra keys allowed); anything else is one line naming the first bad entry."""
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)) or not messages:
+        raise GGUFSpecError(f"{where} must be a non-empty list of {{\"role\": ..., \"content\": ...}} dicts "
+                            f"(got {_short(messages)})")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
+            raise GGUFSpecError(f"{where}[{i}] must be a dict with a `role` string and a `content` string "
+                                f"(got {_short(m)})")
+    return list(messages)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def load_suite(name: str) -> list[Prompt]:
     if name not in SUITES:
         raise GGUFSpecError(f"--suite {name!r} is not a built-in suite; choose from {', '.join(SUITES)}")
@@ -55,7 +73,12 @@ def load_prompts(prompts_file: str | None, suites: str, limit: int = 0) -> list[
     """A prompts file, or the first `limit` prompts (0: all) of each named built-in suite."""
     if prompts_file:
         return load_prompts_file(prompts_file)
-    return [p for s in suites.split(",") if s.strip() for p in load_suite(s.strip())[:limit or None]]
+    names = [s.strip() for s in (suites or "").split(",") if s.strip()]
+    if not names:
+        raise GGUFSpecError(f"--suite names no suite (got {suites!r}); choose from {', '.join(SUITES)}")
+    if limit < 0:
+        raise GGUFSpecError(f"--limit must be 0 (all) or more (got {limit})")
+    return [p for name in names for p in load_suite(name)[:limit or None]]
 
 
 def _parse_prompts(text: str, suite: str, where: str) -> list[Prompt]:
@@ -68,10 +91,13 @@ def _parse_prompts(text: str, suite: str, where: str) -> list[Prompt]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise GGUFSpecError(f"{where}, line {n}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise GGUFSpecError(f"{where}, line {n}: a JSON line must be an object with `prompt` or `messages`")
             if isinstance(obj.get("prompt"), str):
                 out.append(Prompt(suite, len(out), text=obj["prompt"]))
-            elif isinstance(obj.get("messages"), list):
-                out.append(Prompt(suite, len(out), messages=tuple(obj["messages"])))
+            elif isinstance(obj, dict) and "messages" in obj:
+                messages = check_messages(obj["messages"], f"{where}, line {n}: messages")
+                out.append(Prompt(suite, len(out), messages=tuple(messages)))
             else:
                 raise GGUFSpecError(f"{where}, line {n}: a JSON line needs a `prompt` string or a `messages` list")
         else:
