@@ -480,7 +480,7 @@ class Context(Closing):
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
         if n == 0:
-            raise GGUFSpecError("nothing to decode: the prompt is empty")
+            raise GGUFSpecError("nothing to decode: no tokens were given")
         if self.n_past + n > self.n_ctx:
             raise ContextFullError(
                 f"the context is full: {self.n_past} + {n} tokens do not fit in n_ctx={self.n_ctx}; raise -c or lower -n"

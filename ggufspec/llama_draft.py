@@ -27,6 +27,7 @@ from .drafters import Draft, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
 from .speculative import Round
+from .system import check_threads
 
 MODES = ("auto", "draft", "lookup")
 GREEDY = SamplingParams()  # proposals are the draft's argmax: Llama keeps only what it samples itself
@@ -56,6 +57,7 @@ class GGUFDraftModel(LlamaDraftModel):
             raise GGUFSpecError(f"n_ctx must be at least 8 (got {n_ctx})")
         if num_pred_tokens < 1:
             raise GGUFSpecError(f"num_pred_tokens must be at least 1 (got {num_pred_tokens})")
+        check_threads(n_threads, "n_threads")
         if mode == "auto" and target is None:
             raise GGUFSpecError("mode 'auto' needs target=TARGET.gguf to measure what drafting costs; "
                                 "or pick mode='draft' or mode='lookup'")

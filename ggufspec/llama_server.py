@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import sys
 
 from .errors import GGUFSpecError
@@ -28,9 +29,23 @@ def _draft_for(settings, mode: str):
                           n_ctx=settings.n_ctx, n_threads=settings.n_threads)
 
 
+_open: list = []  # (name, draft) of the model the server holds now
+
+
+def _close_drafts() -> None:
+    """Report and close the drafts of the model being replaced (or of the server, at exit)."""
+    while _open:
+        name, draft = _open.pop()
+        print(f"ggufspec: {name}: drafted {draft.stats['drafted']}, accepted {draft.stats['accepted']}",
+              file=sys.stderr, flush=True)
+        draft.close()
+
+
 def install(mode: str = "auto") -> None:
     """Make llama-cpp-python's server give each model it loads with a draft_model setting a
-    GGUFDraftModel instead of its prompt lookup (its setting still sizes Llama's logits for drafting)."""
+    GGUFDraftModel instead of its prompt lookup (its setting still sizes Llama's logits for drafting).
+    The draft is built first, so a draft that cannot serve the target is one line before the target
+    loads; the server holds one model at a time, and a model's draft is closed when it is replaced."""
     from llama_cpp.server import model as server_model
 
     proxy = server_model.LlamaProxy
@@ -39,22 +54,25 @@ def install(mode: str = "auto") -> None:
         return
 
     def load_llama_from_model_settings(settings):
-        llama = original(settings)
-        if settings.draft_model is not None:
-            try:
-                draft = _draft_for(settings, mode)
-            except BaseException:
-                llama.close()
-                raise
+        _close_drafts()  # the proxy has freed the model those served
+        draft = _draft_for(settings, mode) if settings.draft_model is not None else None
+        try:
+            llama = original(settings)
+        except BaseException:
+            if draft is not None:
+                draft.close()
+            raise
+        if draft is not None:
             llama.draft_model = draft
+            draft.attach(llama)
+            _open.append((settings.draft_model, draft))
             print(f"ggufspec: {settings.model_alias or settings.model} drafts with {settings.draft_model} "
                   f"(mode {draft.mode}, up to {draft.num_pred_tokens} tokens)", file=sys.stderr, flush=True)
-            atexit.register(lambda: print(f"ggufspec: {settings.draft_model}: drafted {draft.stats['drafted']}, "
-                                          f"accepted {draft.stats['accepted']}", file=sys.stderr, flush=True))
         return llama
 
     load_llama_from_model_settings.ggufspec = True
     proxy.load_llama_from_model_settings = staticmethod(load_llama_from_model_settings)
+    atexit.register(_close_drafts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     ours = argparse.ArgumentParser(add_help=False)
     ours.add_argument("--draft_mode", "--draft-mode", choices=("auto", "draft", "lookup"), default="auto")
     known, rest = ours.parse_known_args(argv)
+    named = {a.split("=", 1)[0] for a in rest}
+    if not ({"--model", "--config_file"} & named or os.environ.get("MODEL") or os.environ.get("CONFIG_FILE")
+            or {"-h", "--help"} & named):
+        print("ggufspec.llama_server: give the target with --model TARGET.gguf (and the draft with --draft_model "
+              "DRAFT.gguf), or a --config_file", file=sys.stderr)
+        return 2
     if not any(a == "--host" or a.startswith("--host=") for a in rest):
         rest += ["--host", "127.0.0.1"]  # never a public address unless asked
     try:

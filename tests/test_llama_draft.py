@@ -111,6 +111,32 @@ def test_bad_drafts_are_one_error_and_leave_nothing_open(tiny, tmp_path):
         GGUFDraftModel(tiny["close"], mode="magic")
 
 
+def test_a_draft_of_another_vocabulary_without_target_is_named_at_first_use(tiny):
+    draft = GGUFDraftModel(tiny["other_vocab"], mode="draft")  # no target=: checked against the Llama itself
+    spec = llama(tiny["target"], draft)
+    with pytest.raises(GGUFSpecError, match="cannot draft for .*token 259 differs"):
+        spec.create_completion("hello", max_tokens=8, temperature=0)
+    draft.close()
+
+
+@pytest.mark.parametrize("target_pad, draft_pad", [(64, 0), (0, 64)])
+@pytest.mark.parametrize("with_target", [True, False])
+def test_vocabularies_of_different_sizes_inside_llama(tmp_path, target_pad, draft_pad, with_target):
+    from tiny import write_tiny_model
+
+    target = write_tiny_model(tmp_path / "t.gguf", seed=0, pad=target_pad)
+    draft_path = write_tiny_model(tmp_path / "d.gguf", seed=0, perturb=0.05, pad=draft_pad)
+    plain = llama(target)
+    draft = GGUFDraftModel(draft_path, target=target if with_target else None, mode="draft")
+    spec = llama(target, draft)
+    for prompt in ("hello world", "def f(x):"):
+        a = plain.create_completion(prompt, max_tokens=60, temperature=0, logit_bias=NO_EOS)
+        b = spec.create_completion(prompt, max_tokens=60, temperature=0, logit_bias=NO_EOS)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"], prompt
+    assert draft.stats["drafted"] > 0
+    draft.close()
+
+
 @pytest.mark.slow
 def test_600_greedy_tokens_of_the_real_pair_are_llamas_own():
     """Issue 13's bar: 600 tokens, completion and chat, with the draft model. On CPU, llama.cpp's

@@ -101,6 +101,23 @@ def test_sampled_run_reproduces_with_seed(engine):
     assert a.tokens == b.tokens and a.stats.n_drafted > 0
 
 
+def test_seeded_sampling_is_the_targets_own_text_in_every_mode(engine):
+    """The coupled rule (the default with a seed): 128 tokens at --temp 0.7, auto/draft/lookup
+    each write the text target-only decoding writes with that seed."""
+    prompts = [(1, engine.tokenize_prompt(messages=[{"role": "user", "content": PROMPTS[0]}])),
+               (2, engine.tokenize_prompt("def quicksort(a):"))]
+    drafted = 0
+    for seed, tokens in prompts:
+        reference = engine.generate(prompt_tokens=tokens, max_tokens=128, temperature=0.7, seed=seed, mode="target",
+                                    ignore_eos=True)
+        for mode in ("auto", "draft", "lookup"):
+            out = engine.generate(prompt_tokens=tokens, max_tokens=128, temperature=0.7, seed=seed, mode=mode,
+                                  ignore_eos=True)
+            assert out.tokens == reference.tokens, (mode, seed)
+            drafted += out.stats.n_drafted
+    assert drafted > 0
+
+
 def test_offload_plan_from_the_real_pairs_metadata():
     from ggufspec.offload import GiB, plan, sizes_for
 

@@ -198,10 +198,12 @@ def test_not_an_rpc_server(tiny):
     assert "no answer within" in line
 
 
-def test_a_server_killed_in_the_middle_of_a_generation(tiny):
+@pytest.mark.parametrize("form", ["--rpc HOST:PORT", "--rpc=HOST:PORT"])
+def test_a_server_killed_in_the_middle_of_a_generation(tiny, form):
     proc, endpoint = start_server()
+    rpc_args = ["--rpc", endpoint] if form == "--rpc HOST:PORT" else [f"--rpc={endpoint}"]
     run = subprocess.Popen([sys.executable, "-m", "ggufspec", "generate", "-m", str(tiny["target"]), "-p", "hello",
-                            "-c", "60000", "-n", "59000", "--ignore-eos", "--mode", "target", "--rpc", endpoint,
+                            "-c", "60000", "-n", "59000", "--ignore-eos", "--mode", "target", *rpc_args,
                             "-ngl", "all"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     try:
         assert run.stdout.read(20)  # text is coming: the generation is under way

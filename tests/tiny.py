@@ -4,7 +4,9 @@ Random weights from a seed; relations between models are controlled:
 - the same seed gives the same model (an identical draft),
 - `perturb` adds noise to every weight (a draft that mostly agrees),
 - `sharpen` scales the output matrix (a draft whose q is sharper than p),
-- `vocab="letters"` vs `vocab="bytes"` / `vocab_shift` gives incompatible vocabularies.
+- `vocab="letters"` vs `vocab="bytes"` / `vocab_shift` gives incompatible vocabularies,
+- `pad=N` appends N unused tokens to the vocabulary (as Qwen2.5-7B's 152,064 against the 0.5B's
+  151,936), with their own embedding and output rows; every other weight is the unpadded model's.
 """
 
 from __future__ import annotations
@@ -37,10 +39,19 @@ def vocabulary(kind: str, shift: int = 0) -> tuple[list[str], list[int]]:
 def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: int = 0, n_layer: int = 2,
                      n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048,
                      perturb: float = 0.0, perturb_seed: int = 1234, sharpen: float = 1.0, logit_scale: float = 4.0,
-                     add_bos: bool = True, chat_template: str | None = None, name: str = "tiny") -> Path:
+                     add_bos: bool = True, chat_template: str | None = None, name: str = "tiny", pad: int = 0,
+                     pad_scale: float = 1.0) -> Path:
     path = Path(path)
     tokens, types = vocabulary(vocab, vocab_shift)
     n_vocab = len(tokens)
+    pad_rng = np.random.default_rng(seed + 777)
+
+    def padded(x: np.ndarray, scale: float) -> np.ndarray:
+        """x with `pad` more rows (the padded tokens'), drawn apart so the other rows stay the same."""
+        if not pad:
+            return x
+        extra = pad_rng.standard_normal((pad, x.shape[1])) * scale
+        return np.concatenate([x, extra.astype(np.float32)])
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(perturb_seed)
 
@@ -64,9 +75,9 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(0)  # all F32
     writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * n_vocab)
-    writer.add_token_types(types)
+    writer.add_token_list(tokens + [f"[PAD{n_vocab + i}]" for i in range(pad)])
+    writer.add_token_scores([0.0] * (n_vocab + pad))
+    writer.add_token_types(types + [int(TokenType.UNUSED)] * pad)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
@@ -75,7 +86,7 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
     if chat_template:
         writer.add_chat_template(chat_template)
 
-    writer.add_tensor("token_embd.weight", w(n_vocab, n_embd, scale=1.0))
+    writer.add_tensor("token_embd.weight", padded(w(n_vocab, n_embd, scale=1.0), 1.0))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", w(n_embd, n_embd))
@@ -88,7 +99,8 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
         writer.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     # logit_scale makes the distribution peaked enough to be interesting; sharpen changes only this model.
-    writer.add_tensor("output.weight", w(n_vocab, n_embd) * np.float32(logit_scale * sharpen))
+    output = w(n_vocab, n_embd) * np.float32(logit_scale * sharpen)
+    writer.add_tensor("output.weight", padded(output, pad_scale * logit_scale * sharpen / np.sqrt(n_embd)))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
