@@ -305,7 +305,6 @@ class Model(VocabFacts, Closing):
         self.n_gpu_layers = int(n_gpu_layers)
         self._read_vocab(C.llama_model_get_vocab(self._model))
         self.n_layer = C.llama_model_n_layer(self._model)
-        self.n_ctx_train = C.llama_model_n_ctx_train(self._model)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog = np.zeros(self.n_vocab, dtype=bool)
         for t in range(self.n_vocab):
@@ -350,9 +349,6 @@ class Model(VocabFacts, Closing):
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
         return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
 
-    def is_eog(self, token: int) -> bool:
-        return bool(self._eog[token])
-
     @property
     def eog_mask(self) -> np.ndarray:
         return self._eog
@@ -391,11 +387,6 @@ class Model(VocabFacts, Closing):
         # Templates often write the BOS themselves; do not add a second one.
         add_special = not (self.add_bos and bos_text and text.startswith(bos_text))
         return self.tokenize(text, add_special=add_special, parse_special=True)
-
-    def describe(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        C.llama_model_desc(self._model, buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
 
     # -- lifetime -----------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -275,7 +275,3 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
         draft_seconds = d["token_seconds"]
     _save_cache(cache)
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"))
-
-
-def to_dict(costs: Costs) -> dict:
-    return asdict(costs)

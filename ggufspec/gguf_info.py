@@ -44,10 +44,6 @@ class GGUFInfo:
     has_chat_template: bool
     tensors: tuple[TensorInfo, ...] = field(repr=False)
 
-    @property
-    def quantization(self) -> str:
-        return self.file_type
-
     def to_dict(self) -> dict:
         return {
             "path": self.path,

@@ -107,3 +107,38 @@ def test_near_ties_and_gap():
 def test_max_prob():
     logits = np.array([0.0, np.log(3.0)])
     assert max_prob(logits) == pytest.approx(0.75)
+
+
+def test_position_noise_depends_on_seed_and_position_alone():
+    from ggufspec.sampling import PositionNoise
+
+    a, b = PositionNoise(3, 50), PositionNoise(3, 50, keep=2)
+    for t in (7, 1, 9, 7, 100, 1):
+        assert np.array_equal(a.at(t), b.at(t))
+    assert not np.array_equal(a.at(1), a.at(2)) and not np.array_equal(a.at(1), PositionNoise(4, 50).at(1))
+
+
+def test_coupled_picks_are_samples_of_p():
+    """argmax(log p + G_t) over many positions draws from p (filters and temperature applied)."""
+    from ggufspec.sampling import Picker, PositionNoise
+
+    logits = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)):
+        p = probs_from_logits(logits, params)
+        picker = Picker(params, PositionNoise(0, len(logits), keep=1))
+        n = 20000
+        counts = np.bincount([picker.pick(logits, t) for t in range(n)], minlength=len(logits))
+        keep = p > 0
+        assert counts[~keep].sum() == 0
+        chi2 = (((counts - n * p)[keep]) ** 2 / (n * p[keep])).sum()
+        assert chi2 < 25, (counts, n * p)
+
+
+def test_a_tiny_temperature_is_the_argmax_without_nan():
+    from ggufspec.sampling import tempered_logits
+
+    logits = np.array([1.0, 3.0, 2.9, -np.inf])
+    for t in (1e-38, 1e-320):
+        x = tempered_logits(logits, SamplingParams(temperature=t))
+        assert not np.isnan(x).any() and int(np.argmax(x)) == 1
+        assert probs_from_logits(logits, SamplingParams(temperature=t))[1] == 1.0

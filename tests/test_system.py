@@ -38,7 +38,7 @@ def test_system_info_strings_parse_into_build_features():
 
 
 @pytest.mark.parametrize("info, bufts, types, crashes", [
-    (AMX, ["AMX", "CPU_REPACK"], QWEN_TYPES, True),  # the Xeon of issue 11: a native build on an AMX CPU
+    (AMX, ["AMX", "CPU_REPACK"], QWEN_TYPES, True),  # a Xeon with AMX: a native build on an AMX CPU
     (AMX, ["AMX", "CPU_REPACK"], {"F32"}, False),  # the tiny test models: AMX takes no F32 weights
     (AMX, ["CPU_REPACK"], QWEN_TYPES, False),  # AMX kernels built, but this CPU (or kernel) refuses AMX
     (NO_AMX, ["CPU_REPACK"], QWEN_TYPES, False),  # this machine; or the reinstall with -mno-amx-*
