@@ -7,10 +7,12 @@ nothing per row. Every handle is freed by `close()` (or `with`), in the right or
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import re
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -33,25 +35,48 @@ _lock = threading.Lock()
 @C.llama_log_callback
 def _log_callback(level, text, user_data):
     # llama.cpp talks a lot while loading; we show it only with --verbose (and read what we need).
-    try:
-        line = text.decode("utf-8", errors="replace")
-        if _state["capture"] is not None:
-            _state["capture"].append(line)
-        if _state["verbose"]:
-            sys.stderr.write(line)
-    except KeyboardInterrupt:  # Ctrl-C lands in whatever Python code runs: here it would be lost
-        _state["interrupted"] = True
+    line = text.decode("utf-8", errors="replace")
+    if _state["capture"] is not None:
+        _state["capture"].append(line)
+    if _state["verbose"]:
+        sys.stderr.write(line)
 
 
 @C.llama_progress_callback
 def _load_progress(progress, user_data):
-    """Returning False aborts llama.cpp's model load: after a Ctrl-C the load stops, and the
-    KeyboardInterrupt is raised again once llama.cpp has returned (see Model)."""
-    try:
-        return not _state["interrupted"]
-    except KeyboardInterrupt:
+    """Returning False aborts llama.cpp's model load (see `_interruptible`)."""
+    return not _state["interrupted"]
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Ctrl-C (or SIGTERM) during a model load. Python runs a signal handler at the next bytecode,
+    which during a load is inside one of llama.cpp's callbacks, where a KeyboardInterrupt would be
+    printed and lost ("Exception ignored") and the load would go on. So while loading, the signal
+    only sets a flag; the progress callback then stops the load, and once llama.cpp has returned the
+    signal is raised again for the handler it was meant for. (Outside the main thread signals cannot
+    be handled here: the usual handlers stay.)"""
+    _state["interrupted"] = False
+    came: list[int] = []
+
+    def note(signum, frame):
+        came.append(signum)
         _state["interrupted"] = True
-        return False
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, note)
+    except ValueError:
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _state["interrupted"] = False
+        if came:
+            signal.raise_signal(came[0])
 
 
 def set_verbose(verbose: bool) -> None:
@@ -282,17 +307,15 @@ class Model(VocabFacts, Closing):
         self.placement = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
         params.progress_callback = _load_progress
         with _lock:
-            _state["capture"], _state["interrupted"] = [], False
+            _state["capture"] = []
             try:
-                self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+                with _interruptible():  # a signal meanwhile stops the load and is raised again on leaving
+                    self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
+                    if _state["interrupted"] and self._model:
+                        C.llama_model_free(self._model)
+                        self._model = None
             finally:
                 log, _state["capture"] = _state["capture"], None
-            interrupted, _state["interrupted"] = _state["interrupted"], False
-        if interrupted:
-            if self._model:
-                C.llama_model_free(self._model)
-                self._model = None
-            raise KeyboardInterrupt
         # Where llama.cpp put the weights, as it reports it: {buffer name: MiB}.
         self.buffers = {m.group(1): float(m.group(2)) for m in map(_BUFFER_LINE.search, log) if m}
         if not self._model and problem:
