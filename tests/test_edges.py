@@ -288,13 +288,17 @@ def test_bench_save_outputs_on_a_full_disk_keeps_the_table(tiny, tmp_path, monke
 def test_sigterm_during_bench_keeps_the_finished_rows(tiny):
     proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "bench", "-m", str(tiny["target"]), "--modes",
                              "target,lookup", "-n", "200", "--repeats", "200", "--suite", "code", "--limit", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
+    seen, deadline = b"", time.monotonic() + 60
+    while b"bench 6/" not in seen and time.monotonic() < deadline:  # the progress line: runs are finishing
+        seen += os.read(proc.stderr.fileno(), 256)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=TIMEOUT)
+    err = (seen + err).decode()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated: showing the finished runs" in err
-    assert "target" in out and "tok/s" in out
+    out = out.decode()
+    assert "target" in out and "lookup" in out and "tok/s" in out
 
 
 # --- the process: standard streams and signals -------------------------------------------------
