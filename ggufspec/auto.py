@@ -74,6 +74,7 @@ class AutoDrafter(Drafter):
                  model: ModelDrafter | None = None, draft_cost: float | None = None):
         self.costs = costs  # the shape, measured at load
         self.exact, self.exact_batch = exact, max(1, exact_batch)
+        self._n_kv = 0  # tokens in the target's cache at the round being planned (exactness ends at costs.exact_kv)
         self.lookup, self.model = lookup, model
         self._draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
@@ -101,8 +102,12 @@ class AutoDrafter(Drafter):
 
     @property
     def verify_batch(self) -> int | None:
-        """Exact verification's largest batch; None: one batch per round."""
-        return self.exact_batch if self.exact else None
+        """Exact verification's largest batch at the current cache length; None: one batch per round
+        (as the loop verifies: not exact, or past the cache length where exactness was measured)."""
+        exact_kv = self.costs.exact_kv
+        if not self.exact or (exact_kv is not None and self._n_kv > exact_kv):
+            return None
+        return self.exact_batch
 
     def verify_cost(self, n_rows: int, a: float) -> float:
         """Expected seconds to verify n_rows; exact mode decodes bit-exact batches and stops at a rejection."""
@@ -131,6 +136,7 @@ class AutoDrafter(Drafter):
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
                 *, noise=None) -> Draft:
         start = time.perf_counter()
+        self._n_kv = len(history)
         best = ("target", 0, self.margin / self.step_cost)
         match, agreement = self.lookup.match(history, draft_max) if draft_max > 0 else ([], 0)
         if match:
@@ -163,6 +169,6 @@ class AutoDrafter(Drafter):
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
         rows = r.n_drafted + 1
-        one_call = not self.exact or rows <= self.exact_batch
+        one_call = self.verify_batch is None or rows <= self.exact_batch
         if one_call and not r.ties_settled:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))

@@ -5,7 +5,7 @@ import pytest
 from ggufspec import Engine
 from ggufspec.auto import LOOKUP_PRIORS, AutoDrafter, Estimate, lookup_bucket
 from ggufspec.costs import Costs, expected_tokens
-from ggufspec.drafters import LookupDrafter
+from ggufspec.drafters import Draft, LookupDrafter
 
 
 def test_expected_tokens_formula():
@@ -167,3 +167,26 @@ def test_untried_lookup_drafts_get_tried_and_failures_stop_them():
         draft = d.propose(history, 5, params, rng)
         d.observe(Round([8], 2, 0, 0.0, 0.1024, draft))
     assert d.propose(history, 5, params, rng).source == "target"
+
+
+def test_past_the_exact_cache_length_auto_plans_one_batch_as_the_loop_verifies():
+    """Where no batch is exact any more (past costs.exact_kv), the loop verifies in one batch: auto must
+    plan with that cost (cheaper than exact chunks of 3 here), and keep learning the target's speed."""
+    import numpy as np
+    from ggufspec.costs import Costs
+    from ggufspec.sampling import SamplingParams
+    from ggufspec.speculative import Round
+
+    costs = Costs([0.043, 0.070, 0.093, 0.100, 0.105, 0.110, 0.115, 0.120, 0.125], 3, None, exact_kv=256)
+    d = AutoDrafter(costs, exact=True, exact_batch=3, lookup=LookupDrafter())
+    history = [7, 8, 9, 10, 11, 12] * 10  # lookup has a long, agreeing match
+    d.propose(history, 8, SamplingParams(), np.random.default_rng(0))
+    assert d.verify_batch == 3
+    short = d.rate(0.9, 8, 0.0)
+    long_history = list(range(300)) + history
+    d.propose(long_history, 8, SamplingParams(), np.random.default_rng(0))
+    assert d.verify_batch is None
+    assert d.rate(0.9, 8, 0.0) > short  # one batch of 9 costs 0.125 s, three chunks of 3 up to 0.279 s
+    before = d.target_scale
+    d.observe(Round([1] * 6, 5, 5, 0.0, 2 * costs.batch_seconds(6), Draft([1] * 5, source="lookup")))
+    assert d.target_scale > before  # a 6-row round past exact_kv is one call: it teaches the scale
