@@ -20,6 +20,9 @@ from ggufspec import Engine, GGUFSpecError
 from ggufspec.cli import cli
 
 TIMEOUT = 120
+# How a Ctrl-C'd run ends: exit 130, or (rarely, after the same one line) ended by the SIGINT itself, which a
+# shell also reports as 130.
+INTERRUPTED = (130, -signal.SIGINT)
 
 
 def run(*args, **kw):
@@ -287,11 +290,15 @@ def test_bench_save_outputs_on_a_full_disk_keeps_the_table(tiny, tmp_path, monke
 
 def test_sigterm_during_bench_keeps_the_finished_rows(tiny):
     proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "bench", "-m", str(tiny["target"]), "--modes",
-                             "target,lookup", "-n", "200", "--repeats", "200", "--suite", "code", "--limit", "1"],
+                             "target,lookup", "-n", "16", "--repeats", "2000", "--suite", "code", "--limit", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
-    seen, deadline = b"", time.monotonic() + 60
-    while b"bench 6/" not in seen and time.monotonic() < deadline:  # the progress line: runs are finishing
-        seen += os.read(proc.stderr.fileno(), 256)
+    seen, deadline = b"", time.monotonic() + TIMEOUT
+    while b"bench 6/" not in seen and time.monotonic() < deadline:  # the progress line: counted runs finished
+        chunk = os.read(proc.stderr.fileno(), 256)
+        if not chunk:
+            break
+        seen += chunk
+    assert b"bench 6/" in seen, seen.decode()
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=TIMEOUT)
     err = (seen + err).decode()
@@ -371,18 +378,20 @@ def test_ctrl_c_while_the_real_target_loads_is_one_line():
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=TIMEOUT)
-        assert proc.returncode == 130 and stderr_lines(err) == ["interrupted"], (delay, err)
+        assert proc.returncode in INTERRUPTED and stderr_lines(err) == ["interrupted"], (delay, err)
 
 
 def test_ctrl_c_at_start_up_is_one_line(tiny):
-    for delay in (0.05, 0.3):
+    """Ctrl-C while the command imports its modules (llama.cpp's included) and loads. (The interpreter's
+    own first tens of milliseconds, before any of ggufspec's code runs, are Python's: not tested.)"""
+    for delay in (0.25, 0.5):
         proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "generate", "-m", str(tiny["target"]), "-p", "hi",
                                  "-n", "100000", "-c", "200000", "--ignore-eos"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=TIMEOUT)
-        assert proc.returncode == 130, err
+        assert proc.returncode in INTERRUPTED, err
         assert stderr_lines(err) == ["interrupted"], err
 
 
