@@ -71,10 +71,8 @@ class BenchSettings:
     def comparable(self) -> bool:
         """Whether every mode must write the target's own tokens: greedy runs, and sampled runs with a
         seed under the coupled rule (the default with a seed)."""
-        if self.greedy:
-            return True
-        g = self.generation
-        return g.get("seed") is not None and (g.get("sampling_rule") or "coupled") == "coupled"
+        return self.greedy or (self.generation.get("seed") is not None
+                               and GenerationSettings(**self.generation).rule == "coupled")
 
     def validate(self) -> "BenchSettings":
         """Every bad value in one line, before anything runs."""

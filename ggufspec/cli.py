@@ -223,7 +223,6 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
             result = B.benchmark(load, prompts, settings, by=by, draft_max_given=draft_max is not None,
                                  llama_cpp_bin=llama_cpp_bin, outputs_dir=save_outputs, progress=progress)
     except KeyboardInterrupt:  # before any run finished (while loading): nothing to show
-        progress.close()
         click.echo(f"\n{'terminated' if signals else 'interrupted'}", err=True)
         sys.exit(128 + signal.SIGTERM if signals else 130)
     finally:

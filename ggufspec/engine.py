@@ -37,12 +37,6 @@ from .text import TextAssembler
 # lookup: prompt n-grams; target: no drafting; draft-alone: the draft model generating by
 # itself (a baseline for the benchmark: its text is the draft's, not the target's).
 MODES = ("auto", "target", "draft", "lookup", "draft-alone")
-# How sampled rounds keep the target's distribution. coupled: position t gets Gumbel noise from
-# (seed, t), the target's token is argmax(log p + G_t) and a draft token stands only if it is the
-# same, so a seed gives the target's own text whatever was drafted (Daliri et al. 2024). rejection:
-# Leviathan's rule (accept with min(1, p/q), resample the residual): higher acceptance, but which
-# random numbers are drawn depends on what was drafted, so a seed reproduces a run only with the
-# same drafts. Default: coupled with a seed, rejection without (see docs/guarantees.md).
 MAX_SEED = 2**63 - 1
 
 
@@ -67,7 +61,9 @@ class GenerationSettings(SamplingParams):
     # prompt, a retry), in whole aligned batches of n_batch tokens only, so that the output is
     # bit-identical to a cold start; False evaluates the whole prompt (the benchmark's default).
     reuse_prompt: bool = True
-    sampling_rule: str | None = None  # "coupled" or "rejection"; None: coupled with a seed, else rejection
+    # How sampled drafts are verified (sampling.SAMPLING_RULES; docs/guarantees.md): "coupled" (a seed gives
+    # the target's own text in every mode) or "rejection" (Leviathan's rule). None: coupled with a seed.
+    sampling_rule: str | None = None
 
     @property
     def rule(self) -> str:
