@@ -76,6 +76,7 @@ class AutoDrafter(Drafter):
         self.exact, self.exact_batch = exact, max(1, exact_batch)
         self._n_kv = 0  # tokens in the target's cache at the round being planned (exactness ends at costs.exact_kv)
         self.lookup, self.model = lookup, model
+        self.model_max: int | None = None  # the draft model's longest draft (--draft-max); None: the round's budget
         self._draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
@@ -147,7 +148,7 @@ class AutoDrafter(Drafter):
                     best = ("lookup", n, r)
         if self.model is not None and self.draft_cost:
             a = self.model_alpha.value
-            for n in range(1, draft_max + 1):
+            for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
                 r = self.rate(a, n, self.draft_cost)
                 if r > best[2]:
                     best = ("draft", n, r)

@@ -92,6 +92,11 @@ def _init_backend() -> None:
             _state["initialised"] = True
 
 
+def init() -> None:
+    """Start llama.cpp's backend once, its log routed through ggufspec's (shown with --verbose)."""
+    _init_backend()
+
+
 def supports_gpu_offload() -> bool:
     """Whether layers can leave the CPU: a GPU, accelerator or RPC device is there. (llama.cpp's own
     llama_supports_gpu_offload is true for any build with the RPC backend, devices or not.)"""

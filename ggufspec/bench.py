@@ -95,7 +95,9 @@ def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
     for mode in settings.modes:
         if mode in ("draft", "draft-alone") and not has_draft:
             continue
-        if mode in DRAFTING_MODES:
+        if mode == "lookup":  # its drafts run to --lookup-max whatever --draft-max says: one row
+            configs.append(Config(mode))
+        elif mode in DRAFTING_MODES:
             configs += [Config(mode, n) for n in settings.draft_max]
         else:
             configs.append(Config(mode))
@@ -351,6 +353,20 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
     return BenchResult(rows, meta, interrupted)
 
 
+def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by: str):
+    """(prompt texts by group, ggufspec's target speed by group) for llama.cpp's rows: by suite when
+    the table is, else over all prompts."""
+    key = (lambda p: p.suite) if by == "suite" else (lambda p: "all")
+    groups: dict[str, list[str]] = {}
+    for p in prompts:
+        groups.setdefault(key(p), []).append(prompt_text(engine, p))
+    target_tps = {}
+    for group in groups:
+        mine = [r for r in runs if r.config.mode == "target" and key(r.prompt) == group]
+        target_tps[group] = tps(mine)[0] if mine else None
+    return groups, target_tps
+
+
 def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llama_cpp_bin, outputs_dir, progress):
     from .models import open_engine
     from .reference import llama_bench, reference_rows
@@ -377,9 +393,8 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
         out = rows(runs, engine, settings, by=by)
         explain_divergences(out, runs, engine)
         if llama_cpp_bin and not interrupted:
-            target_runs = [r for r in runs if r.config.mode == "target"]  # over all prompts, whatever the grouping
-            out += reference_rows(llama_cpp_bin, engine, [prompt_text(engine, p) for p in prompts], settings.max_tokens,
-                                  settings.draft_max, tps(target_runs)[0] if target_runs else None,
+            groups, target_tps = _reference_groups(engine, prompts, runs, by)
+            out += reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_max, target_tps,
                                   llama_bench_before=before)
         outputs_error = None
         if outputs_dir:
@@ -394,7 +409,7 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
             "n_prompts": len(prompts), "max_tokens": settings.max_tokens, "repeats": settings.repeats,
             "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
             "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch, "exact": exact,
-            "costs": engine.costs.report(engine.exact_batch if exact else None) if engine.costs else None,
+            "costs": engine.costs.report(engine.exact_batch if exact else None, engine.target_model.info.file_type) if engine.costs else None,
             "placement": engine.placement(), "interrupted": interrupted, "outputs_error": outputs_error,
             "prefill": "reused" if settings.reuse_prompt else "cold", "n_batch": engine.target_ctx.n_batch,
         }

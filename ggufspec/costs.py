@@ -23,7 +23,9 @@ import numpy as np
 from .backend import Context, machine
 from .paths import costs_file
 
-MAX_BATCH = 9
+# Batches up to 16 tokens are timed: prompt-lookup drafts of a copied block run that long, and on
+# CPUs the kernels work in rows of 4 or 8, so a size between those costs more than the next one up.
+MAX_BATCH = 16
 # Bit-exactness is also checked with the KV cache filled to these lengths (after the batch): on CPU,
 # once the cache holds more than 256 tokens, llama.cpp's flash attention splits a one-token step's
 # keys over the threads (ggml's split-KV path, n_kv >= 512) while a batch is not split, so batches
@@ -58,18 +60,26 @@ class Costs:
         t = self.target_batch_seconds
         return t[n - 1] if n <= len(t) else t[-1] / len(t) * n
 
+    def chunk(self, limit: int | None = None) -> int:
+        """The batch size exact verification decodes in: of the sizes up to `limit` (default: the
+        largest bit-exact one), the one with the least cost per token (ties: the larger). On a CPU
+        whose kernels take rows 4 or 8 at a time a batch of 8 can cost less per token than one of 9."""
+        limit = min(limit or self.exact_batch, len(self.target_batch_seconds))
+        return min(range(1, limit + 1), key=lambda k: (round(self.batch_seconds(k) / k, 12), -k))
+
     def verify_seconds(self, n: int, exact_batch: int | None = None, alpha: float = 1.0) -> float:
         """Expected seconds to verify n tokens, in one batch or (exact verification) in batches of
-        at most exact_batch.
+        at most exact_batch (those of `chunk(exact_batch)` tokens, as the loop decodes them).
 
         A batch starting at row s runs only if the s drafts before it were all accepted
         (probability alpha**s): exact verification stops at the first rejected batch.
         """
         if not exact_batch or n <= exact_batch:
             return self.batch_seconds(n)
+        size = self.chunk(exact_batch)
         cost, start = 0.0, 0
         while start < n:
-            m = min(exact_batch, n - start)
+            m = min(size, n - start)
             cost += alpha ** start * self.batch_seconds(m)
             start += m
         return cost
@@ -111,20 +121,48 @@ class Costs:
             lo, hi = (lo, mid) if pays(mid) else (mid, hi)
         return hi
 
-    def report(self, exact_batch: int | None) -> dict:
+    def report(self, exact_batch: int | None, quant: str | None = None) -> dict:
         """The ceiling, and for each kind of drafter where it starts to pay (`ggufspec costs`)."""
         ceiling, ceiling_n = self.ceiling(exact_batch)
+        longest = max(1, len(self.target_batch_seconds) - 1)
         steps = {"lookup": 0.0}
         if self.draft_token_seconds:
             steps["draft model"] = self.draft_token_seconds
         drafters = {}
         for name, step in steps.items():
-            best, n = self.best_length(1.0, step, exact_batch)
-            drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, exact_batch),
+            best, n = self.best_length(1.0, step, exact_batch, longest)
+            drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, exact_batch, MARGIN, longest),
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
-                "drafters": drafters}
+                "verify_chunk": self.chunk(exact_batch) if exact_batch else None,
+                "drafters": drafters, "why": self.why(quant)}
+
+    def extra_token_cost(self, batch: int = 4) -> float:
+        """What each verified token beyond the first costs, in target steps, in a batch of `batch`."""
+        n = min(batch, len(self.target_batch_seconds))
+        return (self.batch_seconds(n) / self.batch_seconds(1) - 1) / max(1, n - 1)
+
+    def why(self, quant: str | None = None) -> str | None:
+        """One line where verifying costs most of a step per extra token (speculation gains little
+        here), saying what would change it; None where a batch is cheap."""
+        extra = self.extra_token_cost()
+        if extra < SLOW_BATCH:
+            return None
+        n = min(4, len(self.target_batch_seconds))
+        steps = self.batch_seconds(n) / self.batch_seconds(1)
+        what = f"this {quant} target" if quant else "this target"
+        change = "the target's layers on a GPU"
+        if (quant or "").upper() != "Q8_0":
+            change = ("a Q8_0 build of the target (whose CPU kernels batch cheaply: "
+                      "`ggufspec bench qwen2.5-coder-1.5b-q8_0` shows one) or its layers on a GPU")
+        return (f"a batch of {n} costs {steps:.2f} target steps: each extra verified token costs {extra:.2f} of a step "
+                f"with {what} on this machine, so speculation can gain little here; {change} would change that")
+
+
+# Each extra verified token costing this much of a target step or more is "most of a step" (`Costs.why`):
+# the quick start's Q4_K_M target on CPUs measures 0.44-0.77, a Q8_0 one 0.26-0.33, GPUs ~0.02.
+SLOW_BATCH = 0.4
 
 
 def _probe_tokens(ctx: Context, n: int) -> list[int]:
@@ -207,7 +245,7 @@ def _key(ctx: Context) -> str:
     m = ctx.model
     st = m.path.stat()
     return (f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.placement}"
-            f"|exact@{LONG_KV}kv|machine {machine()['id']}")
+            f"|exact@{LONG_KV}kv|b{MAX_BATCH}|machine {machine()['id']}")
 
 
 def load_cache() -> dict:

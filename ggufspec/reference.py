@@ -60,9 +60,16 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
             "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accepted": int(accepted.group(1)) if accepted else 0}
 
 
-def reference_rows(bin_dir: str | Path, engine, prompt_texts: list[str], n_tokens: int, draft_max: tuple[int, ...],
-                   target_tps: float | None, progress=None, llama_bench_before: dict | None = None) -> list[dict]:
-    """Rows shaped like bench rows, for llama.cpp's programs on the same work.
+# llama.cpp's n-gram drafters as speculative-simple runs them: ngram-simple looks up the last 12 tokens
+# and drafts up to the 48 that followed (--spec-ngram-simple-size-n/-m); ngram-mod hashes 24-grams
+# and drafts 48 to 64. Neither reads --spec-draft-n-max, which is the draft model's.
+NGRAM_TYPES = ("ngram-simple", "ngram-mod")
+
+
+def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_tokens: int, draft_max: tuple[int, ...],
+                   target_tps: dict[str, float | None], progress=None, llama_bench_before: dict | None = None) -> list[dict]:
+    """Rows shaped like bench rows, for llama.cpp's programs on the same work: per group of prompts
+    (a suite, or "all"), speeds against that group's ggufspec target row.
 
     llama_bench_before: a llama-bench result taken before ggufspec's own runs; with the one
     taken now it brackets them, so the row shows how much the machine drifted meanwhile.
@@ -71,30 +78,32 @@ def reference_rows(bin_dir: str | Path, engine, prompt_texts: list[str], n_token
     target = engine.target_model.path
     draft = engine.draft_model.path if engine.draft_model else None
     threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
-    rows = []
     tg = [llama_bench(bin_dir, target, n_tokens, threads)["tokens_per_second"]]
     if llama_bench_before:
         tg.insert(0, llama_bench_before["tokens_per_second"])
-    row = _row("llama.cpp llama-bench (target)", "llama-bench", None, sum(tg) / len(tg), target_tps, None)
-    row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg))
-    rows.append(row)
     configs = [("draft-simple", k) for k in draft_max] if draft else []
-    configs.append(("ngram-simple", max(draft_max)))
-    for spec_type, k in configs:
-        runs = []
-        for text in prompt_texts:
-            runs.append(speculative_simple(bin_dir, target, draft, text, n_tokens, threads, n_ctx, k, spec_type))
-            if progress:
-                progress(1)
-        tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
-        drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
-        kind = "draft model" if spec_type.startswith("draft") else "n-gram"
-        rows.append(_row(f"llama.cpp speculative-simple, {kind} (draft-max {k})", f"llama.cpp-{spec_type}", k, tps,
-                         target_tps, accepted / drafted if drafted else None))
+    configs += [(t, None) for t in NGRAM_TYPES]
+    rows = []
+    for group, texts in groups.items():
+        row = _row("llama.cpp llama-bench (target)", "llama-bench", None, sum(tg) / len(tg), target_tps.get(group), None, group)
+        row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg))
+        rows.append(row)
+        for spec_type, k in configs:
+            runs = []
+            for text in texts:
+                runs.append(speculative_simple(bin_dir, target, draft, text, n_tokens, threads, n_ctx, k or max(draft_max),
+                                               spec_type))
+                if progress:
+                    progress(1)
+            tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
+            drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
+            label = f"draft model (draft-max {k})" if k else spec_type
+            rows.append(_row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps,
+                             target_tps.get(group), accepted / drafted if drafted else None, group))
     return rows
 
 
-def _row(label: str, mode: str, draft_max, tps: float, target_tps: float | None, alpha) -> dict:
-    return {"mode": mode, "label": label, "draft_max": draft_max, "group": "all", "tokens_per_second": tps,
+def _row(label: str, mode: str, draft_max, tps: float, target_tps: float | None, alpha, group: str = "all") -> dict:
+    return {"mode": mode, "label": label, "draft_max": draft_max, "group": group, "tokens_per_second": tps,
             "tokens_per_second_min": tps, "tokens_per_second_max": tps,
             "speedup": tps / target_tps if target_tps else None, "acceptance_rate": alpha, "reference": True}

@@ -46,6 +46,19 @@ class Mirror:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """A file the offline mirror makes from another registry model with llama.cpp's quantizer
+    (`ggufspec.quantize`): not the Hub's bytes, and no fixed checksum (each llama.cpp build may
+    round differently); checked by structure when made, then by its own stamp."""
+
+    source: str  # "quantize"
+    base: str  # the registry model it is made from
+    quant: str  # what it is made into, e.g. Q8_0
+    sha256: None = None
+    size: None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     repo: str
@@ -55,7 +68,7 @@ class ModelSpec:
     n_params: float | None = None
     sha256: str | None = None
     revision: str | None = None
-    mirror: Mirror | None = None
+    mirror: Mirror | Derived | None = None
     size: int | None = None  # bytes of the GGUF file (for planning before it is downloaded)
     shape: dict = field(default_factory=dict, hash=False)  # n_embd, n_head_kv, head_dim, n_vocab
 
@@ -134,8 +147,11 @@ def _model(name: str, d: dict, where: str) -> ModelSpec:
     if "mirror" in d:
         m = d["mirror"]
         try:
-            mirror = Mirror(m["source"], m["package"], int(m["parts"]), str(m["version"]), m["sha256"].lower(), m.get("size"))
-        except (KeyError, TypeError, ValueError) as e:
+            if m.get("source") == "quantize":
+                mirror = Derived("quantize", str(m["from"]), str(d.get("quant") or m["quant"]))
+            else:
+                mirror = Mirror(m["source"], m["package"], int(m["parts"]), str(m["version"]), m["sha256"].lower(), m.get("size"))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise GGUFSpecError(f"{where}: [models.{name}.mirror] is incomplete or malformed ({e})") from None
     n_layers = d.get("n_layers")
     if n_layers is not None and (not isinstance(n_layers, int) or n_layers < 1):

@@ -143,6 +143,8 @@ def _costs_line(meta: dict) -> str:
         line += " (beyond: one batch, near-ties re-checked)"
     line += (f"\nceiling: with every draft accepted and drafting free, {c['ceiling_speedup']:.2f}x at most "
              f"here ({c['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
+    if c.get("why"):
+        line += f"\nwhy: {c['why']}"
     return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
 
 
@@ -189,7 +191,7 @@ def costs_text(out: dict) -> str:
              f"{Path(out['target']).name}, {out['threads']} threads: one target step {1000 * t1:.1f} ms"]
     if out["draft_token_seconds"]:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
-    how = f"in exact chunks of {out['exact_batch']}" if out["exact"] else "in one batch"
+    how = f"in exact chunks of {out.get('verify_chunk') or out['exact_batch']}" if out["exact"] else "in one batch"
     if out["exact"] and out.get("exact_kv"):
         how += f"{_up_to(out)}, in one batch beyond (no batch is exact there)"
     lines.append(f"verification {how}: an always-right, free drafter gains at most {out['ceiling_speedup']:.2f}x "
@@ -200,7 +202,9 @@ def costs_text(out: dict) -> str:
                          "auto will not use it")
         else:
             lines.append(f"{name}: auto uses it where its acceptance rate is above {p['break_even_alpha']:.2f} "
-                         f"(always right: {p['speedup_if_always_right']:.2f}x at --draft-max {p['draft_max_if_always_right']})")
+                         f"(always right: {p['speedup_if_always_right']:.2f}x drafting {p['draft_max_if_always_right']})")
+    if out.get("why"):
+        lines.append(f"why: {out['why']}")
     return "\n".join(lines)
 
 
@@ -248,6 +252,8 @@ def doctor_text(r: dict) -> str:
             lines.append(f"  {Path(c['model']).name} ({c['threads']} threads, -ngl {c['n_gpu_layers']}{where}): "
                          f"target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
                          f"{c['exact_batch']}{_up_to(c)}, ceiling {c['ceiling_speedup']:.2f}x")
+            if c.get("why"):
+                lines.append(f"    why: {c['why']}")
     else:
         lines.append("measured costs on this machine: none yet (`ggufspec costs` measures them)")
     lines += [f"{p['severity']}: {p['problem']}\n  fix: {p['fix']}" for p in r["problems"]] or ["no known problems"]

@@ -57,21 +57,22 @@ class Verification:
     exact: bool = False
     tie_margin: float = DEFAULT_TIE_MARGIN
     exact_kv: int | None = None  # exact_batch holds while the KV cache holds at most this many tokens
+    chunk: int | None = None  # the batch size rounds longer than exact_batch are cut into (Costs.chunk; default exact_batch)
 
     def exact_here(self, n_kv: int) -> int:
         """The bit-exact batch size with n_kv tokens in the cache after the batch (1: none)."""
         return self.exact_batch if self.exact_kv is None or n_kv <= self.exact_kv else 1
 
 
-def _verify_rows(target: Context, inputs: list[int], exact_batch: int, draft_tokens: list[int], picker: Picker,
+def _verify_rows(target: Context, inputs: list[int], chunk: int, draft_tokens: list[int], picker: Picker,
                  t0: int) -> np.ndarray:
-    """Target rows for `inputs`, decoded in batches of at most exact_batch tokens.
+    """Target rows for `inputs`, decoded in batches of `chunk` tokens (bit-exact ones).
 
     Stops after the first batch holding a rejection: later rows could not be used anyway.
     """
     rows = []
-    for start in range(0, len(inputs), exact_batch):
-        part = target.decode(inputs[start:start + exact_batch], logits="all")
+    for start in range(0, len(inputs), chunk):
+        part = target.decode(inputs[start:start + chunk], logits="all")
         rows.append(part.copy())  # the view dies with the next decode
         drafts = draft_tokens[start:start + len(part)]
         if len(drafts) < len(part) or picker.picks(part, t0 + start)[: len(drafts)] != drafts:
@@ -105,7 +106,7 @@ def _verify_picks(target: Context, inputs: list[int], draft_tokens: list[int], n
     exact_batch = v.exact_here(n_past + len(inputs))  # past exact_kv no batch is exact
     exact = v.exact and exact_batch > 1
     if exact and len(inputs) > exact_batch:
-        logits = _verify_rows(target, inputs, exact_batch, draft_tokens, picker, t0)
+        logits = _verify_rows(target, inputs, min(v.chunk or exact_batch, exact_batch), draft_tokens, picker, t0)
     else:
         logits = target.decode(inputs, logits="all")
     n_accepted, next_token = verify_greedy(draft_tokens, picker.picks(logits, t0))

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
                 specs.append(reg.model(name))
         dest = a.models_dir or models_dir()
         for spec in dict.fromkeys(specs):
-            fetch(spec, dest, log=lambda m: print(m, flush=True))
+            fetch(spec, dest, registry=reg, log=lambda m: print(m, flush=True))
     except GGUFSpecError as e:
         print(f"fetch_offline_models: {e}", file=sys.stderr)
         return 1

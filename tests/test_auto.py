@@ -190,3 +190,43 @@ def test_past_the_exact_cache_length_auto_plans_one_batch_as_the_loop_verifies()
     before = d.target_scale
     d.observe(Round([1] * 6, 5, 5, 0.0, 2 * costs.batch_seconds(6), Draft([1] * 5, source="lookup")))
     assert d.target_scale > before  # a 6-row round past exact_kv is one call: it teaches the scale
+
+
+def cpu_q8_like():
+    # The shape measured on an AVX2 EPYC for a Q8_0 target: kernels take rows 4 at a time, so odd batches
+    # cost more than the even one above them; every batch up to 16 is exact.
+    steps = [1.0, 1.40, 2.45, 1.95, 2.99, 2.64, 3.45, 3.55, 4.25, 3.59, 4.69, 4.47, 6.08, 5.06, 5.92, 5.48]
+    return Costs([0.09 * s for s in steps], 16, 0.021)
+
+
+def test_exact_verification_decodes_in_the_cheapest_chunk_per_token():
+    c = cpu_q8_like()
+    assert c.chunk() == 16 and c.chunk(9) == 6 and c.chunk(3) == 2  # 2.64 / 6 beats 3.55 / 8 and 4.25 / 9
+    assert c.verify_seconds(8, 3, 1.0) == pytest.approx(4 * c.batch_seconds(2))
+    assert cpu_like().chunk() == 3  # the older table: the largest exact batch is also the cheapest per token
+
+
+def test_why_speaks_where_each_verified_token_costs_most_of_a_step():
+    q4 = Costs([0.0283 * s for s in (1, 1.94, 2.7, 3.32)], 3)  # Zen 4, Q4_K_M: a batch of 4 = 3.32 steps
+    line = q4.why("Q4_K_M")
+    assert "3.32 target steps" in line and "0.77 of a step" in line and "Q4_K_M" in line and "Q8_0 build" in line
+    assert cpu_q8_like().why("Q8_0") is None  # 0.32 of a step: verification is cheap enough
+    slow_q8 = Costs([0.05 * s for s in (1, 1.9, 2.8, 3.6)], 3)
+    assert "GPU" in slow_q8.why("Q8_0") and "Q8_0 build" not in slow_q8.why("Q8_0")
+
+
+def test_lookup_drafts_may_run_past_draft_max_where_a_copy_pays(tiny):
+    """Lookup (and auto's lookup) drafts up to --lookup-max, sized by the costs; the draft model's stay
+    within --draft-max; greedy text stays the target's own."""
+    with Engine(tiny["target"], tiny["close"], n_ctx=512) as e:
+        e.costs = cpu_q8_like()
+        e.exact_batch = 16
+        prompt = list(range(40, 70)) * 4  # a block the answer can copy, once the model starts repeating
+        ref = e.generate(prompt_tokens=prompt, max_tokens=80, mode="target", ignore_eos=True).tokens
+        for mode in ("lookup", "auto"):
+            chunks = list(e.stream(prompt_tokens=prompt, max_tokens=80, mode=mode, draft_max=2, lookup_max=12,
+                                   ignore_eos=True))
+            assert [t for c in chunks for t in c.tokens] == ref, mode
+            lookup = [c.n_drafted for c in chunks if c.source == "lookup"]
+            assert lookup and max(lookup) > 2, (mode, lookup)
+            assert max([c.n_drafted for c in chunks if c.source == "draft"] or [0]) <= 2

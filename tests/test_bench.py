@@ -131,8 +131,15 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     ref = [row for row in json.loads(r.stdout)["rows"] if row.get("reference")]
     assert [row["label"] for row in ref] == ["llama.cpp llama-bench (target)",
                                               "llama.cpp speculative-simple, draft model (draft-max 2)",
-                                              "llama.cpp speculative-simple, n-gram (draft-max 2)"]
+                                              "llama.cpp speculative-simple, ngram-simple",
+                                              "llama.cpp speculative-simple, ngram-mod"]
     assert ref[0]["tokens_per_second"] == 20.5  # before and after ggufspec's runs, averaged
     assert ref[1]["tokens_per_second"] == 8.0 and ref[1]["acceptance_rate"] == 0.7
+    by_suite = bench("-m", tiny["target"], "--suite", "code,fix", "--limit", "1", "-n", "4", "--modes", "target",
+                     "--compare-llama-cpp", bin_dir, "--by-suite", "--json")
+    assert by_suite.exit_code == 0, by_suite.output
+    groups = [(row["group"], row["mode"]) for row in json.loads(by_suite.stdout)["rows"] if row.get("reference")]
+    assert groups == [(suite, mode) for suite in ("code", "fix")
+                      for mode in ("llama-bench", "llama.cpp-ngram-simple", "llama.cpp-ngram-mod")]
     missing = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--compare-llama-cpp", tmp_path)
     assert missing.exit_code == 1 and "llama-bench not found" in missing.stderr
