@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggufspec.cli import cli
+from ggufspec.costs import MAX_BATCH
 
 
 def run(*args):
@@ -128,7 +129,7 @@ def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
     r = run("costs", "-m", tiny["target"], "-md", tiny["close"], "-c", 256, "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert len(out["target_batch_seconds"]) == 9 and all(t > 0 for t in out["target_batch_seconds"])
+    assert len(out["target_batch_seconds"]) == MAX_BATCH and all(t > 0 for t in out["target_batch_seconds"])
     assert out["exact_batch"] >= 1 and out["draft_token_seconds"] > 0
     assert set(out["drafters"]) == {"lookup", "draft model"}
     for d in out["drafters"].values():

@@ -65,7 +65,7 @@ def test_a_chats_second_turn_is_the_cold_text(engine, mode, settings):
     assert warm.stats.n_reused >= N_BATCH and cold.stats.n_reused == 0
     assert warm.stats.n_reused % N_BATCH == 0
     assert warm.tokens == cold.tokens
-    if mode != "auto":  # auto learns across generations: what it drafts may differ, never the text
+    if mode not in ("auto", "lookup"):  # cost-aware planners learn across generations: what they draft may differ, never the text
         assert (warm.stats.n_drafted, warm.stats.n_accepted) == (cold.stats.n_drafted, cold.stats.n_accepted)
 
 
