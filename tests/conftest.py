@@ -58,7 +58,7 @@ def real_model(filename: str) -> Path:
     """A real GGUF from the models directory; skipped if absent, failed if CI requires it."""
     path = REAL_MODELS_DIR / filename
     if not path.is_file():
-        message = f"{path} is missing: run `python scripts/fetch_offline_models.py qwen2.5-coder-1.5b gemma-3-270m`"
+        message = f"{path} is missing: run `python scripts/fetch_offline_models.py qwen2.5-coder-1.5b qwen2.5-coder-1.5b-q8_0 gemma-3-270m`"
         if os.environ.get("GGUFSPEC_REQUIRE_REAL") == "1":
             pytest.fail(message)
         pytest.skip(message)

@@ -128,3 +128,19 @@ def test_offload_plan_from_the_real_pairs_metadata():
     assert full.target.flag == "all" and full.draft.flag == "all"
     part = plan(t, d, vram_bytes=2 * GiB, ram_bytes=24 * GiB, n_ctx=4096)
     assert part.draft.flag == "all" and 0 < part.target.n_gpu_layers < 29
+
+
+def test_the_cpu_pair_writes_the_targets_text_and_drafts_long_copies():
+    """The Q8_0 target + Q4_0 draft made offline with llama.cpp's quantizer: greedy identity in every
+    mode on a prompt whose answer copies its code, where lookup drafts run past --draft-max."""
+    with Engine(real_model("qwen2.5-coder-1.5b-instruct-q8_0.gguf"), real_model("qwen2.5-coder-0.5b-instruct-q4_0.gguf"),
+                n_ctx=1024) as e:
+        assert e.target_model.info.file_type == "Q8_0" and e.draft_model.info.file_type == "Q4_0"
+        code = "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs) + 1\n"
+        tokens = e.tokenize_prompt(messages=[{"role": "user", "content": f"Fix the bug; answer with the whole code.\n{code}"}])
+        reference = e.generate(prompt_tokens=tokens, max_tokens=48, mode="target").tokens
+        for mode in ("draft", "lookup", "auto"):
+            chunks = list(e.stream(prompt_tokens=tokens, max_tokens=48, mode=mode))
+            assert [t for c in chunks for t in c.tokens] == reference, mode
+            if mode == "lookup":
+                assert max(c.n_drafted for c in chunks) > 4  # the pair's draft-max: a copy runs longer

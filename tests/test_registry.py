@@ -15,7 +15,7 @@ SEED_PAIRS = ["llama-3.1-8b-instruct", "llama-3-70b-instruct", "llama-2-13b-chat
 
 def test_builtin_registry_has_the_default_pair_and_the_seed_pairs():
     reg = load_registry()
-    assert reg.default_pair == "qwen2.5-coder-1.5b"
+    assert reg.default_pair == "qwen2.5-coder-1.5b-q8_0"  # the CPU pair: where speculation pays on CPUs too
     pair = reg.pair("qwen2.5-coder-1.5b")
     assert reg.model(pair.target).n_layers == 28 and reg.model(pair.draft).n_layers == 24
     assert reg.model(pair.target).mirror.sha256.startswith("cc324af0")
