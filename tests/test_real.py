@@ -142,5 +142,6 @@ def test_the_cpu_pair_writes_the_targets_text_and_drafts_long_copies():
         for mode in ("draft", "lookup", "auto"):
             chunks = list(e.stream(prompt_tokens=tokens, max_tokens=48, mode=mode))
             assert [t for c in chunks for t in c.tokens] == reference, mode
-            if mode == "lookup":
-                assert max(c.n_drafted for c in chunks) > 4  # the pair's draft-max: a copy runs longer
+            if mode == "lookup" and e.costs.best_length(1.0, 0.0, e.exact_batch, 15)[1] > 8:
+                # where this machine's costs make long copies pay, a copy runs past the pair's draft-max (4)
+                assert max(c.n_drafted for c in chunks) > 4
