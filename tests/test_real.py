@@ -130,9 +130,9 @@ def test_offload_plan_from_the_real_pairs_metadata():
     assert part.draft.flag == "all" and 0 < part.target.n_gpu_layers < 29
 
 
-def test_the_cpu_pair_writes_the_targets_text_and_drafts_long_copies():
+def test_the_cpu_pair_writes_the_targets_text():
     """The Q8_0 target + Q4_0 draft made offline with llama.cpp's quantizer: greedy identity in every
-    mode on a prompt whose answer copies its code, where lookup drafts run past --draft-max."""
+    mode on a prompt whose answer copies its code."""
     with Engine(real_model("qwen2.5-coder-1.5b-instruct-q8_0.gguf"), real_model("qwen2.5-coder-0.5b-instruct-q4_0.gguf"),
                 n_ctx=1024) as e:
         assert e.target_model.info.file_type == "Q8_0" and e.draft_model.info.file_type == "Q4_0"
@@ -142,6 +142,5 @@ def test_the_cpu_pair_writes_the_targets_text_and_drafts_long_copies():
         for mode in ("draft", "lookup", "auto"):
             chunks = list(e.stream(prompt_tokens=tokens, max_tokens=48, mode=mode))
             assert [t for c in chunks for t in c.tokens] == reference, mode
-            if mode == "lookup" and e.costs.best_length(1.0, 0.0, e.exact_batch, 15)[1] > 8:
-                # where this machine's costs make long copies pay, a copy runs past the pair's draft-max (4)
-                assert max(c.n_drafted for c in chunks) > 4
+            # how long a copy is drafted depends on this machine's costs and what lookup has learnt:
+            # the long drafts themselves are tested on tiny models (tests/test_auto.py)

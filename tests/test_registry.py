@@ -95,7 +95,7 @@ def test_pair_resolution_uses_local_files_and_pair_defaults(tiny, tmp_path):
 def test_models_list_shows_every_seed_pair():
     r = CliRunner().invoke(cli, ["models", "list"])
     assert r.exit_code == 0, r.output
-    for name in SEED_PAIRS + ["qwen2.5-coder-1.5b (default)"]:
+    for name in SEED_PAIRS + ["qwen2.5-coder-1.5b-q8_0 (default)", "qwen2.5-coder-1.5b "]:
         assert name in r.output
     r = CliRunner().invoke(cli, ["models", "list", "--json"])
     import json
