@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class Costs:
     exact_batch: int  # largest batch bit-identical to one-token decoding
     draft_token_seconds: float | None = None  # one draft step (None: no draft model)
     exact_kv: int | None = None  # ... while the KV cache holds at most this many tokens (None: every length checked)
+    _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
 
     def batch_seconds(self, n: int) -> float:
         """Seconds to decode a batch of n tokens; beyond what was measured, linear in tokens."""
@@ -65,7 +66,9 @@ class Costs:
         largest bit-exact one), the one with the least cost per token (ties: the larger). On a CPU
         whose kernels take rows 4 or 8 at a time a batch of 8 can cost less per token than one of 9."""
         limit = min(limit or self.exact_batch, len(self.target_batch_seconds))
-        return min(range(1, limit + 1), key=lambda k: (round(self.batch_seconds(k) / k, 12), -k))
+        if limit not in self._chunks:  # asked for every draft length the planner weighs, each round
+            self._chunks[limit] = min(range(1, limit + 1), key=lambda k: (round(self.batch_seconds(k) / k, 12), -k))
+        return self._chunks[limit]
 
     def verify_seconds(self, n: int, exact_batch: int | None = None, alpha: float = 1.0) -> float:
         """Expected seconds to verify n tokens, in one batch or (exact verification) in batches of
@@ -138,19 +141,14 @@ class Costs:
                 "verify_chunk": self.chunk(exact_batch) if exact_batch else None,
                 "drafters": drafters, "why": self.why(quant)}
 
-    def extra_token_cost(self, batch: int = 4) -> float:
-        """What each verified token beyond the first costs, in target steps, in a batch of `batch`."""
-        n = min(batch, len(self.target_batch_seconds))
-        return (self.batch_seconds(n) / self.batch_seconds(1) - 1) / max(1, n - 1)
-
     def why(self, quant: str | None = None) -> str | None:
         """One line where verifying costs most of a step per extra token (speculation gains little
         here), saying what would change it; None where a batch is cheap."""
-        extra = self.extra_token_cost()
-        if extra < SLOW_BATCH:
-            return None
         n = min(4, len(self.target_batch_seconds))
         steps = self.batch_seconds(n) / self.batch_seconds(1)
+        extra = (steps - 1) / max(1, n - 1)  # what each verified token beyond the first costs, in steps
+        if extra < SLOW_BATCH:
+            return None
         what = f"this {quant} target" if quant else "this target"
         change = "the target's layers on a GPU"
         if (quant or "").upper() != "Q8_0":
@@ -161,7 +159,7 @@ class Costs:
 
 
 # Each extra verified token costing this much of a target step or more is "most of a step" (`Costs.why`):
-# the quick start's Q4_K_M target on CPUs measures 0.44-0.77, a Q8_0 one 0.26-0.33, GPUs ~0.02.
+# the Q4_K_M Qwen target measured 0.44-0.77 on CPUs, its Q8_0 build 0.26-0.33; a GPU's verify batch is nearly free.
 SLOW_BATCH = 0.4
 
 

@@ -14,11 +14,12 @@ SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", 
 
 
 def _quant(path: str) -> str | None:
+    from .errors import GGUFSpecError
     from .gguf_info import read_info
 
     try:
         return read_info(path).file_type
-    except Exception:  # gone or changed since it was measured: the figures still stand
+    except GGUFSpecError:  # gone or damaged since it was measured: the figures still stand
         return None
 
 

@@ -34,18 +34,31 @@ def stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def _stamp_key(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns}"
+
+
+def stamped_sha256(path: Path) -> str | None:
+    """The sha256 remembered beside a file if the file is unchanged since (same size and mtime), else None."""
+    stamp = stamp_path(path)
+    lines = stamp.read_text().split("\n") if stamp.exists() else []
+    return lines[0] if len(lines) >= 2 and lines[1] == _stamp_key(path) else None
+
+
+def write_stamp(path: Path, digest: str) -> None:
+    """Remember a file's sha256 beside it, keyed by its size and mtime now."""
+    stamp_path(path).write_text(f"{digest}\n{_stamp_key(path)}\n")
+
+
 def verified_sha256(path: Path) -> str:
     """sha256 of a file, remembered beside it (keyed by size and mtime) so a second look is free."""
-    stamp = stamp_path(path)
-    st = path.stat()
-    key = f"{st.st_size} {st.st_mtime_ns}"
-    if stamp.exists():
-        lines = stamp.read_text().split("\n")
-        if len(lines) >= 2 and lines[1] == key:
-            return lines[0]
+    digest = stamped_sha256(path)
+    if digest is not None:
+        return digest
     digest = sha256_file(path)
     try:
-        stamp.write_text(f"{digest}\n{key}\n")
+        write_stamp(path, digest)
     except OSError:
         pass  # a read-only cache still works, just without the shortcut
     return digest

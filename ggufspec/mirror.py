@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 from .errors import GGUFSpecError
-from .hub import stamp_path, verified_sha256
+from .hub import stamp_path, stamped_sha256, verified_sha256, write_stamp
 from .registry import Derived, ModelSpec, Registry
 
 
@@ -58,9 +58,7 @@ def _made_here(path: Path, quant: str) -> bool:
     """Whether `path` is the file `derive` made: unchanged since (its stamp) and of the right type."""
     from .gguf_info import read_info
 
-    stamp, st = stamp_path(path), path.stat()
-    lines = stamp.read_text().split("\n") if stamp.exists() else []
-    if len(lines) < 2 or lines[1] != f"{st.st_size} {st.st_mtime_ns}":
+    if stamped_sha256(path) is None:
         return False
     try:
         return read_info(path).file_type == quant.upper()
@@ -131,7 +129,6 @@ def fetch(spec: ModelSpec, dest_dir: Path, *, registry: Registry | None = None, 
                 f"{spec.name}: assembled file has sha256 {digest.hexdigest()[:16]}…, expected {mirror.sha256[:16]}…; nothing was written"
             )
         os.replace(partial, dest)  # atomic within one filesystem: the file appears whole or not at all
-    st = dest.stat()
-    stamp_path(dest).write_text(f"{mirror.sha256}\n{st.st_size} {st.st_mtime_ns}\n")
+    write_stamp(dest, mirror.sha256)
     log(f"{spec.name}: {dest} ({size / 2**20:.0f} MiB) verified")
     return dest

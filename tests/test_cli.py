@@ -105,6 +105,7 @@ def test_context_fills_mid_generation(tiny):
     (["-n", "0"], "-n"),
     (["--draft-min", "5", "--draft-max", "2"], "--draft-min"),
     (["--draft-p-min", "1.2"], "--draft-p-min"),
+    (["--lookup-max", "0"], "--lookup-max"),
     (["-c", "4"], "-c"),
     (["-t", "0"], "-t"),
     (["--mode", "magic"], "--mode"),

@@ -86,3 +86,16 @@ def test_the_registry_names_the_cpu_pair_as_derived():
     target, draft = reg.model(pair.target), reg.model(pair.draft)
     assert (target.quant, target.mirror.source, target.mirror.base) == ("Q8_0", "quantize", "qwen2.5-coder-1.5b-instruct")
     assert draft.mirror.source == "quantize" and reg.model(draft.mirror.base).mirror.source == "pypi-chunks"
+
+
+def test_a_derived_entry_without_its_base_is_one_line(tmp_path):
+    reg, models = registry(tmp_path)
+    toml = (tmp_path / "models.toml").read_text()
+    (tmp_path / "models.toml").write_text(toml.replace('from = "base"', 'from = "nowhere"'))
+    with pytest.raises(GGUFSpecError, match="no model named 'nowhere'"):
+        fetch(load_registry(tmp_path / "models.toml").model("made"), models, registry=load_registry(tmp_path / "models.toml"),
+              log=lambda m: None)
+    (tmp_path / "models.toml").write_text(toml.replace('from = "base"\n', ''))
+    with pytest.raises(GGUFSpecError, match=r"\[models.made.mirror\] is incomplete or malformed"):
+        load_registry(tmp_path / "models.toml")
+    assert not list(models.glob("made*"))
