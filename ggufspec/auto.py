@@ -22,9 +22,11 @@ import time
 
 import numpy as np
 
+from .core import Draft, Round
 from .costs import MARGIN, Costs
-from .drafters import Draft, Drafter, LookupDrafter, ModelDrafter
+from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .sampling import SamplingParams
+from .verification import Verification
 
 
 class Estimate:
@@ -70,14 +72,14 @@ class AutoDrafter(Drafter):
     # in this text (a copy of the prompt) they do.
     explore = 0.15
 
-    def __init__(self, costs: Costs, *, exact: bool, exact_batch: int, lookup: LookupDrafter,
-                 model: ModelDrafter | None = None, draft_cost: float | None = None):
-        self.costs = costs  # the shape, measured at load
-        self.exact, self.exact_batch = exact, max(1, exact_batch)
-        self._n_kv = 0  # tokens in the target's cache at the round being planned (exactness ends at costs.exact_kv)
+    def __init__(self, verification: Verification, *, lookup: LookupDrafter, model: ModelDrafter | None = None,
+                 model_max: int | None = None, draft_cost: float | None = None):
+        self.verification = verification  # how rounds are verified, and what that costs (measured at load)
+        self.costs: Costs = verification.costs
+        self._n_past = 0  # tokens in the target's cache at the round being planned (exactness ends at exact_kv)
         self.lookup, self.model = lookup, model
-        self.model_max: int | None = None  # the draft model's longest draft (--draft-max); None: the round's budget
-        self._draft_cost = draft_cost if draft_cost is not None else costs.draft_token_seconds
+        self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
+        self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
         # match agrees with the history. A draft model of the same family agrees often.
@@ -101,19 +103,6 @@ class AutoDrafter(Drafter):
         """Seconds of one plain decoding step now."""
         return self.costs.batch_seconds(1) * self.target_scale
 
-    @property
-    def verify_batch(self) -> int | None:
-        """Exact verification's largest batch at the current cache length; None: one batch per round
-        (as the loop verifies: not exact, or past the cache length where exactness was measured)."""
-        exact_kv = self.costs.exact_kv
-        if not self.exact or (exact_kv is not None and self._n_kv > exact_kv):
-            return None
-        return self.exact_batch
-
-    def verify_cost(self, n_rows: int, a: float) -> float:
-        """Expected seconds to verify n_rows; exact mode decodes bit-exact batches and stops at a rejection."""
-        return self.costs.verify_seconds(n_rows, self.verify_batch, a) * self.target_scale
-
     def _rescale(self, scale: float, observed: float, expected: float) -> float:
         ratio = min(self.clip, max(1 / self.clip, observed / (expected * scale)))
         return scale * (0.9 + 0.1 * ratio)
@@ -122,22 +111,14 @@ class AutoDrafter(Drafter):
     # target_scale times that, which is the same as a draft step target_scale times cheaper.
     def rate(self, a: float, n_draft: int, draft_step: float) -> float:
         """Expected tokens per second of a round drafting n_draft tokens now."""
-        return self.costs.speedup(a, n_draft, draft_step / self.target_scale, self.verify_batch) / self.step_cost
-
-    def best_length(self, a: float, draft_step: float, draft_max: int = 8) -> tuple[float, int]:
-        """(speed-up over plain decoding, draft length) of the best round at acceptance rate a."""
-        return self.costs.best_length(a, draft_step / self.target_scale, self.verify_batch, draft_max)
-
-    def break_even(self, draft_step: float, draft_max: int = 8) -> float | None:
-        """The smallest acceptance rate at which this drafter is used at all."""
-        return self.costs.break_even(draft_step / self.target_scale, self.verify_batch, self.margin, draft_max)
+        return self.verification.speedup(a, n_draft, draft_step / self.target_scale, self._n_past) / self.step_cost
 
     # -- the choice ---------------------------------------------------------------------------
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
                 *, noise=None) -> Draft:
         start = time.perf_counter()
-        self._n_kv = len(history)
+        self._n_past = len(history) - 1
         best = ("target", 0, self.margin / self.step_cost)
         match, agreement = self.lookup.match(history, draft_max) if draft_max > 0 else ([], 0)
         if match:
@@ -159,7 +140,7 @@ class AutoDrafter(Drafter):
             return self.model.propose(history, n, params, rng, noise=noise)
         return Draft([], None, time.perf_counter() - start, "target")
 
-    def observe(self, r) -> None:
+    def observe(self, r: Round) -> None:
         """Learn from a finished round: acceptance by source, and how fast the machine runs now."""
         source = r.draft.source
         if r.n_drafted:
@@ -169,7 +150,6 @@ class AutoDrafter(Drafter):
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
-        rows = r.n_drafted + 1
-        one_call = self.verify_batch is None or rows <= self.exact_batch
-        if one_call and not r.ties_settled:
+        rows = r.n_drafted + 1  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
+        if r.target_seconds > 0 and self.verification.one_call(rows, self._n_past) and not r.ties_settled:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))

@@ -269,12 +269,17 @@ class VocabFacts:
         return C.llama_vocab_get_text(self._vocab, token) or b""
 
 
-class LlamaVocab(VocabFacts):
-    """The vocabulary of a `llama_cpp.Llama` (for GGUFDraftModel's checks; borrowed, freed with the Llama)."""
+class LlamaModel(VocabFacts):
+    """The model of a `llama_cpp.Llama`, borrowed (freed with the Llama): its vocabulary for GGUFDraftModel's
+    checks, and what names its costs in the cache (file, offload, the context settings that change them)."""
 
     def __init__(self, llama):
         self.path = Path(getattr(llama, "model_path", "the Llama's model"))
         self._read_vocab(llama._model.vocab)
+        self.n_gpu_layers = int(llama.model_params.n_gpu_layers)
+        cp = llama.context_params
+        self.devices_key = (f"Llama fa{getattr(cp, 'flash_attn_type', '?')} ub{cp.n_ubatch} "
+                            f"tb{cp.n_threads_batch} kqv{int(cp.offload_kqv)}")
 
 
 class Model(VocabFacts, Closing):
@@ -309,7 +314,7 @@ class Model(VocabFacts, Closing):
         self.devices = devices
         described = _descriptions() if devices else {}
         # What decides where layers run, for the cost cache: devices by name and what they are.
-        self.placement = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
+        self.devices_key = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
         params.progress_callback = _load_progress
         with _lock:
             _state["capture"] = []
@@ -446,12 +451,29 @@ class Context(Closing):
         params.n_threads = int(n_threads)
         params.n_threads_batch = int(n_threads)
         params.no_perf = True
+        self._owned = True
         self._ctx = C.llama_init_from_model(model._model, params)
         if not self._ctx:
             raise GGUFSpecError(
                 f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"
             )
-        self.n_ctx = min(int(n_ctx), C.llama_n_ctx(self._ctx))  # llama.cpp pads up; the user's size is the limit
+        self._setup(min(int(n_ctx), C.llama_n_ctx(self._ctx)), n_threads)  # llama.cpp pads n_ctx up; the user's size is the limit
+
+    @classmethod
+    def of_llama(cls, llama) -> "Context":
+        """A Context on a `llama_cpp.Llama`'s own llama.cpp context (its flash attention, threads, offload),
+        to measure costs through it; the Llama keeps owning model and context. Leaves its cache as found
+        only if cleared: call `llama.reset()` after use."""
+        self = cls.__new__(cls)
+        self.model = LlamaModel(llama)
+        self.n_vocab = self.model.n_vocab
+        self._owned = False
+        self._ctx = llama._ctx.ctx
+        self._setup(llama.n_ctx(), int(llama.context_params.n_threads))
+        return self
+
+    def _setup(self, n_ctx: int, n_threads: int) -> None:
+        self.n_ctx = n_ctx
         self.n_batch = C.llama_n_batch(self._ctx)
         self.n_threads = n_threads
         self._mem = C.llama_get_memory(self._ctx)
@@ -562,5 +584,6 @@ class Context(Closing):
             C.llama_batch_free(self._batch)
             self._batch_live = False
         if getattr(self, "_ctx", None):
-            C.llama_free(self._ctx)
+            if getattr(self, "_owned", True):
+                C.llama_free(self._ctx)
             self._ctx = None

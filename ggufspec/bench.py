@@ -19,14 +19,15 @@ from pathlib import Path
 import psutil
 
 from .costs import expected_tokens
-from .engine import Engine, GenerationSettings, Stats
+from .core import DRAFTING_MODES, MODEL_MODES, MODES, Stats
+from .engine import Engine, GenerationSettings
 from .errors import GGUFSpecError
 from .prompts import Prompt
 from .sampling import top2_gap
 
-DRAFTING_MODES = ("draft", "lookup", "auto")
-# The engine's --mode names; draft-alone is the draft model generating by itself.
+# The engine's modes in the order the table shows them.
 ALL_MODES = ("target", "draft-alone", "draft", "lookup", "auto")
+assert sorted(ALL_MODES) == sorted(MODES)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class BenchSettings:
 def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
     configs = []
     for mode in settings.modes:
-        if mode in ("draft", "draft-alone") and not has_draft:
+        if mode in MODEL_MODES and not has_draft:
             continue
         if mode == "lookup":  # its drafts run to --lookup-max whatever --draft-max says: one row
             configs.append(Config(mode))
@@ -202,8 +203,7 @@ def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], posi
 
 def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "all") -> list[dict]:
     """Aggregate runs into rows: one per configuration (and per suite or prompt if asked)."""
-    exact = engine.exact_for(settings.generation.get("exact"))
-    verify_batch = engine.exact_batch if exact else None
+    verification = engine.verification(settings.generation.get("exact"))
     reference = {(r.prompt, r.repeat): r for r in runs if r.config.mode == "target"}
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
@@ -214,28 +214,27 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
     costs = engine.costs
     for (config, key), rs in groups.items():
         median, low, high = tps(rs)
-        stats = [r.stats for r in rs]
-        gen = sum(s.generation_seconds for s in stats)
-        drafted, accepted = sum(s.n_drafted for s in stats), sum(s.n_accepted for s in stats)
-        alpha = accepted / drafted if drafted else None
+        total = Stats.merge([r.stats for r in rs])
+        gen = total.generation_seconds
+        alpha = total.acceptance_rate if total.n_drafted else None
         row = {
             "mode": config.mode, "label": config.label, "draft_max": config.draft_max, "group": key,
             "n_prompts": len({r.prompt for r in rs}), "repeats": settings.repeats,
             "tokens_per_second": median, "tokens_per_second_min": low, "tokens_per_second_max": high,
             "speedup": median / target_tps[key] if target_tps.get(key) else None,
-            "prompt_tokens_per_second": sum(s.n_prompt for s in stats) / max(1e-9, sum(s.prompt_seconds for s in stats)),
-            "n_generated": sum(s.n_generated for s in stats),
+            "prompt_tokens_per_second": total.n_prompt / max(1e-9, total.prompt_seconds),
+            "n_generated": total.n_generated,
             "acceptance_rate": alpha,
-            "tokens_per_round": sum(s.n_generated for s in stats) / max(1, sum(s.rounds for s in stats)),
-            "full_accepts": sum(s.full_accepts for s in stats) if drafted else None,
-            "draft_share": sum(s.draft_seconds for s in stats) / gen if gen else None,
-            "verify_share": sum(s.target_seconds for s in stats) / gen if gen else None,
-            "overhead_share": sum(s.overhead_seconds for s in stats) / gen if gen else None,
+            "tokens_per_round": total.tokens_per_round,
+            "full_accepts": total.full_accepts if total.n_drafted else None,
+            "draft_share": total.draft_seconds / gen if gen else None,
+            "verify_share": total.target_seconds / gen if gen else None,
+            "overhead_share": total.overhead_seconds / gen if gen else None,
             "peak_rss_bytes": max(r.rss for r in rs),
             "identical_to_target": None, "divergence": None,
             "predicted_speedup": None, "predicted_speedup_costs": None,
         }
-        if settings.comparable and config.mode not in ("target", "draft-alone"):
+        if settings.comparable and config.mode in DRAFTING_MODES:
             row["identical_to_target"] = True
             for r in rs:
                 ref = reference.get((r.prompt, r.repeat))
@@ -248,7 +247,7 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             draft_cost = (costs.draft_token_seconds if config.mode == "draft" else 0.0) or 0.0
             row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, draft_cost / costs.target_token_seconds)
             # the same expectation with the verify batch's measured cost instead of one step's
-            row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, verify_batch)
+            row["predicted_speedup_costs"] = verification.speedup(alpha, config.draft_max, draft_cost)
         out.append(row)
     return out
 
@@ -402,14 +401,14 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
                 save_outputs(runs, outputs_dir)
             except GGUFSpecError as e:  # the table must not be lost with the texts
                 outputs_error = str(e)
-        exact = engine.exact_for(settings.generation.get("exact"))
+        verification = engine.verification(settings.generation.get("exact"))
         meta = {
             "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
             "draft": str(engine.draft_model.path) if engine.draft_model else None,
             "n_prompts": len(prompts), "max_tokens": settings.max_tokens, "repeats": settings.repeats,
             "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
-            "threads": engine.target_ctx.n_threads, "exact_batch": engine.exact_batch, "exact": exact,
-            "costs": engine.costs.report(engine.exact_batch if exact else None, engine.target_model.info.file_type) if engine.costs else None,
+            "threads": engine.target_ctx.n_threads, "exact_batch": verification.exact_batch, "exact": verification.exact,
+            "costs": verification.report(engine.target_model.info.file_type) if engine.costs else None,
             "placement": engine.placement(), "interrupted": interrupted, "outputs_error": outputs_error,
             "prefill": "reused" if settings.reuse_prompt else "cold", "n_batch": engine.target_ctx.n_batch,
         }

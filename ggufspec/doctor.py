@@ -6,7 +6,8 @@ import os
 import sys
 
 from . import backend, system
-from .costs import Costs, bad_entries, load_cache
+from .costs import Costs
+from .measure import bad_entries, load_cache
 from .paths import costs_file, models_dir
 
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",

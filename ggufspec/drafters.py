@@ -10,21 +10,11 @@ wants to learn travels with its own proposal. `reset(prompt_tokens)` starts a ge
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Context, Model
+from .core import Draft, Round, Target
 from .sampling import Picker, PositionNoise, SamplingParams, max_prob, probs_from_logits, sample
-
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    q: list[np.ndarray] | None = None  # distributions the tokens were drawn from; None = one-hot (deterministic)
-    seconds: float = 0.0
-    source: str = "target"  # which drafter proposed ("target": none did)
-    agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
 
 
 class Drafter:
@@ -43,7 +33,7 @@ class Drafter:
         that samples proposes argmax(log q + G_t) with the same noise."""
         return Draft([])
 
-    def observe(self, round_) -> None:
+    def observe(self, round_: Round) -> None:
         """The target verified this drafter's proposal: `round_.draft` and `round_.n_accepted`."""
 
 
@@ -58,8 +48,7 @@ class ModelDrafter(Drafter):
 
     name = "draft"
 
-    def __init__(self, model: Model, ctx: Context, *, p_min: float = 0.0, target_n_vocab: int | None = None):
-        self.model = model
+    def __init__(self, ctx: Target, *, p_min: float = 0.0, target_n_vocab: int | None = None):
         self.ctx = ctx
         self.p_min = p_min
         self.target_n_vocab = target_n_vocab or ctx.n_vocab

@@ -1,10 +1,11 @@
-"""A GGUF draft model for llama-cpp-python's own `Llama(draft_model=...)`.
+"""A GGUF draft model for llama-cpp-python's own `Llama`.
 
     from llama_cpp import Llama
     from ggufspec import GGUFDraftModel
 
-    llm = Llama(model_path="target.gguf", draft_model=GGUFDraftModel("draft.gguf", target="target.gguf"),
-                logits_all=True)
+    draft = GGUFDraftModel("draft.gguf", mode="auto")
+    llm = Llama(model_path="target.gguf", draft_model=draft)
+    draft.attach(llm)  # checks the pair, measures costs through llm's own context
 
 `Llama.generate` hands a draft model the whole history (the evaluated context plus the token
 it just sampled), evaluates [last] + the proposal in one batch, keeps the proposed tokens that
@@ -17,127 +18,119 @@ turn) reuses it, nothing is evaluated twice.
 
 from __future__ import annotations
 
-import sys
-import time
-
 import numpy as np
 
-from .backend import Context, LlamaDraftModel, Model
-from .drafters import Draft, LookupDrafter, ModelDrafter
+from .backend import Context, LlamaDraftModel, LlamaModel, Model
+from .core import LLAMA_MODES, Draft, Round
+from .drafters import LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
-from .speculative import Round
 from .system import check_threads
+from .verification import Verification
 
-MODES = ("auto", "draft", "lookup")
 GREEDY = SamplingParams()  # proposals are the draft's argmax: Llama keeps only what it samples itself
 
 
 class GGUFDraftModel(LlamaDraftModel):
     """Drafts for a `llama_cpp.Llama` with a second GGUF model, prompt lookup, or whichever pays.
 
-    draft: a .gguf path or a registry name. target: the target's .gguf path (or name); with it the
-    vocabularies are checked now and what a target step and a verify batch cost is measured (once per
-    machine, cached), so mode "auto" proposes nothing where drafting does not pay, and proposals stay
-    short enough that Llama's verify batch is bit-identical to one-token decoding where this backend
-    has such batches (exact=None; True/False force it): greedy text is then Llama's own exactly.
+    draft: a .gguf path or a registry name (None for mode "lookup"). `attach(llm)` (once, before
+    generating) ties it to the Llama it serves: the vocabularies are checked, and what a target step
+    and a verify batch cost is measured through that Llama's own context (its flash attention, threads
+    and offload; once per machine, cached), so mode "auto" proposes nothing where drafting does not
+    pay, and proposals stay short enough that Llama's verify batch is bit-identical to one-token
+    decoding where that context has such batches (exact=None; True/False force it): greedy text is
+    then Llama's own exactly. target: a .gguf path or name whose vocabulary is checked now (its
+    weights are not loaded), so a bad pair is one error before the Llama loads.
     """
 
     def __init__(self, draft=None, *, target=None, mode: str = "auto", num_pred_tokens: int = 4, n_ctx: int = 4096,
                  n_batch: int = 512, n_gpu_layers: int = 0, n_threads: int | None = None, exact: bool | None = None,
                  registry=None, offline: bool = False):
-        from .auto import AutoDrafter
         from .compat import check_compatible
-        from .costs import LONG_KV, costs_for
         from .models import load_registry, resolve_model
 
-        if mode not in MODES:
-            raise GGUFSpecError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+        if mode not in LLAMA_MODES:
+            raise GGUFSpecError(f"mode must be one of {', '.join(LLAMA_MODES)} (got {mode!r})")
         if n_ctx < 8:
             raise GGUFSpecError(f"n_ctx must be at least 8 (got {n_ctx})")
         if num_pred_tokens < 1:
             raise GGUFSpecError(f"num_pred_tokens must be at least 1 (got {num_pred_tokens})")
         check_threads(n_threads, "n_threads")
-        if mode == "auto" and target is None:
-            raise GGUFSpecError("mode 'auto' needs target=TARGET.gguf to measure what drafting costs; "
-                                "or pick mode='draft' or mode='lookup'")
-        self.mode, self.num_pred_tokens = mode, num_pred_tokens
-        self.model = self.ctx = None
         if draft is None and mode != "lookup":
             raise GGUFSpecError(f"mode {mode!r} needs a draft model (a .gguf path or a registry name)")
+        self.mode, self.wanted, self.num_pred_tokens, self._exact = mode, num_pred_tokens, num_pred_tokens, exact
+        self.model = self.ctx = None
         reg = load_registry(registry)
         target_path = resolve_model(str(target), reg, offline=offline) if target is not None else None
         try:
             if mode != "lookup":
                 self.model = Model(resolve_model(str(draft), reg, offline=offline), n_gpu_layers=n_gpu_layers, role="draft")
                 self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
-            costs, target_n_vocab = None, None
-            if target_path is not None:
-                with Model(target_path, role="target") as t:
-                    target_n_vocab = t.n_vocab
-                    if self.model is not None:
+                if target_path is not None:  # the vocabulary only: the weights are the Llama's to load
+                    with Model(target_path, role="target", vocab_only=True) as t:
                         check_compatible(t, self.model)
-                    with Context(t, n_ctx=LONG_KV + 32, n_batch=16, n_threads=n_threads) as tctx:
-                        costs = costs_for(tctx, self.ctx)
         except BaseException:
             self.close()
             raise
-        # [last] + draft stays a bit-exact batch (none: no drafting), and past the KV length where
-        # exactness was seen nothing is proposed: greedy text is then Llama's own exactly.
-        self.exact = costs is not None and (exact if exact is not None else costs.exact_batch >= 2)
-        if self.exact:
-            self.num_pred_tokens = min(num_pred_tokens, costs.exact_batch - 1)
-        self.costs = costs
+        self.costs = None
+        self.verification = Verification()
         self.lookup = LookupDrafter()
-        self.model_drafter = ModelDrafter(self.model, self.ctx, target_n_vocab=target_n_vocab) if self.model is not None else None
-        self._attached = None  # the Llama this drafter serves (see attach)
-        if mode == "auto":
-            # Llama verifies [last] + draft in one batch: no exact chunks.
-            self.drafter = AutoDrafter(costs, exact=False, exact_batch=costs.exact_batch, lookup=self.lookup,
-                                       model=self.model_drafter)
-        else:
-            self.drafter = self.model_drafter if mode == "draft" else self.lookup
+        self.model_drafter = ModelDrafter(self.ctx) if self.model is not None else None
+        self.drafter = self.model_drafter if mode == "draft" else self.lookup  # auto: built at attach
+        self._attached = None  # the Llama this drafter serves
         self._rng = np.random.default_rng(0)
         self._history: list[int] = []
-        self._pending: tuple[Draft, float] | None = None  # the last proposal and when it was handed over
+        self._pending: Draft | None = None  # the last proposal
         self.stats = {"calls": 0, "drafted": 0, "accepted": 0, "by_source": {}}
 
-    def attach(self, llama) -> None:
-        """Serve this `llama_cpp.Llama`: check the draft's vocabulary against its model (one
-        GGUFSpecError naming the mismatch) and size the drafts to its vocabulary. Done on the first
-        call if not before; call it yourself to hear of a bad pair before generating."""
-        from .backend import LlamaVocab
+    def attach(self, llama, *, measure: bool = True) -> None:
+        """Serve this `llama_cpp.Llama` (call once, before generating; it sets `llama.draft_model` if it
+        is not this draft yet). Checks the draft's vocabulary against its model (one GGUFSpecError naming
+        the mismatch), sizes the drafts to its vocabulary, and measures (or reads from the cache) what a
+        step and a verify batch cost in its own context; this clears the Llama's KV cache."""
         from .compat import check_compatible
+        from .measure import costs_for
 
         if self._attached is llama:
             return
+        target = LlamaModel(llama)
         if self.model is not None:
-            vocab = LlamaVocab(llama)
-            check_compatible(vocab, self.model)
-            self.model_drafter = ModelDrafter(self.model, self.ctx, target_n_vocab=vocab.n_vocab)
-            if self.mode == "draft":
-                self.drafter = self.model_drafter
-            elif self.mode == "auto":
-                self.drafter.model = self.model_drafter
+            check_compatible(target, self.model)
+            self.model_drafter = ModelDrafter(self.ctx, target_n_vocab=target.n_vocab)
+        if llama.draft_model is not self:  # a draft given after construction: Llama then needs every row's logits
+            llama.draft_model, llama._logits_all = self, True
         _make_room_for_logits(llama)
+        if measure:
+            borrowed = Context.of_llama(llama)
+            try:
+                self.costs = costs_for(borrowed, self.ctx)
+            finally:
+                borrowed.close()
+                llama.reset()  # its cache was used for measuring: evaluate the next prompt afresh
+        # Llama verifies [last] + draft in one batch: exact means keeping that batch within the exact size.
+        self.verification = Verification.of(self.costs, self._exact)
+        self.num_pred_tokens = self.verification.exact_draft_max(0, self.wanted)
+        if self.mode == "auto":
+            if self.costs is None:
+                raise GGUFSpecError("mode 'auto' needs the costs measured at attach (attach(llm, measure=True))")
+            from .auto import AutoDrafter
+            self.drafter = AutoDrafter(Verification.of(self.costs, False), lookup=self.lookup, model=self.model_drafter)
+        elif self.mode == "draft":
+            self.drafter = self.model_drafter
         self._attached = llama
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         if self._attached is None:
-            caller = sys._getframe(1).f_locals.get("self")  # Llama.generate calls its draft_model
-            if caller is not None and hasattr(caller, "_model"):
-                self.attach(caller)
+            raise GGUFSpecError("GGUFDraftModel: call draft.attach(llm) with the Llama it drafts for before generating")
         history = [int(x) for x in input_ids]
-        now = time.perf_counter()
         if history[: len(self._history)] == self._history and self._history:
-            self._observe(history, now)
+            self._observe(history)
         else:
             self._start(history)
-        n = self.num_pred_tokens
-        if self.exact and self.costs.exact_kv is not None and len(history) + n > self.costs.exact_kv:
-            n = 0
+        n = self.verification.exact_draft_max(len(history), self.num_pred_tokens)
         draft = self.drafter.propose(history, n, GREEDY, self._rng) if n else Draft([], source=self.mode)
-        self._history, self._pending = history, (draft, time.perf_counter())
+        self._history, self._pending = history, draft
         self.stats["calls"] += 1
         return np.array(draft.tokens[: self.num_pred_tokens], dtype=np.intc)
 
@@ -149,17 +142,18 @@ class GGUFDraftModel(LlamaDraftModel):
         if self.model_drafter is not None:
             self.model_drafter.follow()
 
-    def _observe(self, history: list[int], now: float) -> None:
-        """What the target kept of the last proposal, read from how the history went on."""
+    def _observe(self, history: list[int]) -> None:
+        """What the target kept of the last proposal, read from how the history went on. The target's
+        time is not known here (Llama's sampling and the caller's time sit between two calls), so
+        auto learns acceptance from it, and costs from what was measured at attach."""
         if self._pending is None:
             return
-        draft, handed = self._pending
+        draft = self._pending
         grown = history[len(self._history):]
         n_accepted = 0
         while n_accepted < min(len(draft.tokens), len(grown) - 1) and grown[n_accepted] == draft.tokens[n_accepted]:
             n_accepted += 1
-        r = Round(grown, len(draft.tokens), n_accepted, draft.seconds, now - handed, draft)
-        self.drafter.observe(r)
+        self.drafter.observe(Round(grown, len(draft.tokens), n_accepted, draft.seconds, 0.0, draft))
         if draft.tokens:
             self.stats["drafted"] += len(draft.tokens)
             self.stats["accepted"] += n_accepted

@@ -16,8 +16,10 @@ from ggufspec import Engine
 from ggufspec.bench import BenchSettings, run
 from ggufspec.prompts import Prompt
 from ggufspec.cli import cli
-from ggufspec.drafters import Draft, Drafter, LookupDrafter, ModelDrafter
+from ggufspec.core import Draft
+from ggufspec.drafters import Drafter, LookupDrafter, ModelDrafter
 from ggufspec.auto import AutoDrafter
+from ggufspec.verification import Verification
 from ggufspec.sampling import SamplingParams
 
 ROOT = Path(__file__).parent.parent
@@ -85,7 +87,9 @@ def test_an_exception_inside_a_round_leaves_the_cache_as_before(engine, monkeypa
     def broken(*args):
         raise RuntimeError("verification failed")
 
-    monkeypatch.setattr(speculative, "verify_greedy", broken)
+    import ggufspec.verification as verification
+
+    monkeypatch.setattr(verification, "verify_greedy", broken)
     with pytest.raises(RuntimeError):
         speculative.speculative_step(ctx, Recorder([5, 6, 7]), history, 3, SamplingParams(), np.random.default_rng(0))
     assert ctx.n_past == len(history) - 1  # the batch [last] + 3 drafts was decoded, then rewound
@@ -142,6 +146,6 @@ def test_the_installed_registry_is_the_top_level_file(tmp_path):
 
 
 def test_exact_batches_end_where_the_measured_kv_length_ends():
-    v = speculative.Verification(3, True, 0.5, exact_kv=256)
+    v = Verification(3, True, 0.5, exact_kv=256)
     assert [v.exact_here(n) for n in (4, 256, 257, 1000)] == [3, 3, 1, 1]
-    assert speculative.Verification(3, True).exact_here(10_000) == 3  # exact at every length measured
+    assert Verification(3, True).exact_here(10_000) == 3  # exact at every length measured

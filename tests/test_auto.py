@@ -5,7 +5,9 @@ import pytest
 from ggufspec import Engine
 from ggufspec.auto import LOOKUP_PRIORS, AutoDrafter, Estimate, lookup_bucket
 from ggufspec.costs import Costs, expected_tokens
-from ggufspec.drafters import Draft, LookupDrafter
+from ggufspec.core import Draft, Round
+from ggufspec.drafters import LookupDrafter
+from ggufspec.verification import Verification
 
 
 def test_expected_tokens_formula():
@@ -35,22 +37,23 @@ def gpu_like():
 
 
 def test_exact_verify_cost_counts_chunks_reached():
-    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
-    assert d.verify_cost(3, 0.9) == pytest.approx(0.093)
-    assert d.verify_cost(5, 1.0) == pytest.approx(0.093 + 0.070)
-    assert d.verify_cost(5, 0.5) == pytest.approx(0.093 + 0.5 ** 3 * 0.070)
+    v = Verification.of(cpu_like(), True)
+    assert v.seconds(3, 0.9) == pytest.approx(0.093)
+    assert v.seconds(5, 1.0) == pytest.approx(0.093 + 0.070)
+    assert v.seconds(5, 0.5) == pytest.approx(0.093 + 0.5 ** 3 * 0.070)
+    assert Verification.of(cpu_like(), False).seconds(5, 0.5) == pytest.approx(0.150)  # one batch
 
 
 def test_draft_model_never_chosen_where_it_cannot_pay():
     """On the measured CPU costs even a perfect draft model loses: auto must not use it."""
-    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter(), model=object(), draft_cost=0.025)
+    d = AutoDrafter(Verification.of(cpu_like(), True), lookup=LookupDrafter(), model=object(), draft_cost=0.025)
     d.model_alpha = Estimate(1.0, 1000)
     best_model = max(d.rate(1.0, k, 0.025) for k in range(1, 9))
     assert best_model < 1 / 0.043
 
 
 def test_draft_model_chosen_where_verification_is_nearly_free():
-    d = AutoDrafter(gpu_like(), exact=False, exact_batch=1, lookup=LookupDrafter(), draft_cost=0.006)
+    d = AutoDrafter(Verification.of(gpu_like(), False), lookup=LookupDrafter(), draft_cost=0.006)
     assert max(d.rate(0.7, k, 0.006) for k in range(1, 9)) > 1.5 / 0.040
 
 
@@ -99,7 +102,7 @@ def test_lookup_index_is_incremental_and_never_matches_itself():
 
 def test_lookup_alpha_is_tracked_by_agreement_length():
     assert [lookup_bucket(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 99)] == [1, 1, 2, 3, 4, 4, 8, 8, 16, 16, 32, 32]
-    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
+    d = AutoDrafter(Verification.of(cpu_like(), True), lookup=LookupDrafter())
     assert set(d.lookup_alpha) == {m for m, _ in LOOKUP_PRIORS}
 
 
@@ -112,16 +115,15 @@ def test_ceiling_is_the_best_rate_of_an_always_right_free_drafter():
 
 
 def test_break_even_alpha_where_lookup_pays_and_the_draft_model_never_does():
-    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
-    a = d.break_even(0.0)
+    c = cpu_like()
+    a = c.break_even(0.0, 3)
     assert 0.5 < a < 1
-    assert d.best_length(a + 0.01, 0.0)[0] > d.margin > d.best_length(a - 0.01, 0.0)[0]
-    assert d.break_even(0.025) is None  # the measured CPU: a 0.6-step draft cannot pay
-    assert AutoDrafter(gpu_like(), exact=False, exact_batch=1, lookup=LookupDrafter()).break_even(0.006) < 0.3
+    assert c.best_length(a + 0.01, 0.0, 3)[0] > AutoDrafter.margin > c.best_length(a - 0.01, 0.0, 3)[0]
+    assert c.break_even(0.025, 3) is None  # the measured CPU: a 0.6-step draft cannot pay
+    assert gpu_like().break_even(0.006, None) < 0.3
 
 
 def _plain_round(seconds):
-    from ggufspec.speculative import Round
     return Round([1], 0, 0, 0.0, seconds)
 
 
@@ -130,7 +132,7 @@ def test_one_stall_cannot_make_the_draft_model_look_cheap():
     import numpy as np
     from ggufspec.sampling import SamplingParams
 
-    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter(), model=object(), draft_cost=0.025)
+    d = AutoDrafter(Verification.of(cpu_like(), True), lookup=LookupDrafter(), model=object(), draft_cost=0.025)
     d.model_alpha = Estimate(0.9, 1000)
     for _ in range(3):
         d.observe(_plain_round(10 * 0.043))
@@ -140,7 +142,7 @@ def test_one_stall_cannot_make_the_draft_model_look_cheap():
 
 
 def test_cost_scale_follows_a_lasting_slowdown_and_recovers():
-    d = AutoDrafter(cpu_like(), exact=True, exact_batch=3, lookup=LookupDrafter())
+    d = AutoDrafter(Verification.of(cpu_like(), True), lookup=LookupDrafter())
     for _ in range(80):
         d.observe(_plain_round(1.3 * 0.043))
     assert d.target_scale == pytest.approx(1.3, rel=0.02)
@@ -154,13 +156,12 @@ def test_untried_lookup_drafts_get_tried_and_failures_stop_them():
     """UCB: a bucket whose prior is just below break-even is explored; evidence then decides."""
     import numpy as np
     from ggufspec.sampling import SamplingParams
-    from ggufspec.speculative import Round
 
     measured = Costs([0.0423, 0.0880, 0.1024, 0.1425, 0.1686, 0.2088, 0.2400, 0.3348, 0.3446], 3)  # `ggufspec costs` here
-    d = AutoDrafter(measured, exact=True, exact_batch=3, lookup=LookupDrafter())
+    d = AutoDrafter(Verification.of(measured, True), lookup=LookupDrafter())
     history = [9, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]  # matches "1 2 3 4" with an agreement of 4
     rng, params = np.random.default_rng(0), SamplingParams()
-    assert d.lookup_alpha[4].value < d.break_even(0.0)  # the prior alone would never draft here
+    assert d.lookup_alpha[4].value < measured.break_even(0.0, 3)  # the prior alone would never draft here
     draft = d.propose(history, 5, params, rng)
     assert draft.source == "lookup" and draft.tokens[:2] == [5, 6]
     for _ in range(10):  # every draft rejected at once
@@ -175,17 +176,16 @@ def test_past_the_exact_cache_length_auto_plans_one_batch_as_the_loop_verifies()
     import numpy as np
     from ggufspec.costs import Costs
     from ggufspec.sampling import SamplingParams
-    from ggufspec.speculative import Round
 
     costs = Costs([0.043, 0.070, 0.093, 0.100, 0.105, 0.110, 0.115, 0.120, 0.125], 3, None, exact_kv=256)
-    d = AutoDrafter(costs, exact=True, exact_batch=3, lookup=LookupDrafter())
+    d = AutoDrafter(Verification.of(costs, True), lookup=LookupDrafter())
     history = [7, 8, 9, 10, 11, 12] * 10  # lookup has a long, agreeing match
     d.propose(history, 8, SamplingParams(), np.random.default_rng(0))
-    assert d.verify_batch == 3
+    assert d.verification.batch_limit(len(history) + 8) == 3
     short = d.rate(0.9, 8, 0.0)
     long_history = list(range(300)) + history
     d.propose(long_history, 8, SamplingParams(), np.random.default_rng(0))
-    assert d.verify_batch is None
+    assert d.verification.batch_limit(len(long_history) + 8) is None
     assert d.rate(0.9, 8, 0.0) > short  # one batch of 9 costs 0.125 s, three chunks of 3 up to 0.279 s
     before = d.target_scale
     d.observe(Round([1] * 6, 5, 5, 0.0, 2 * costs.batch_seconds(6), Draft([1] * 5, source="lookup")))
@@ -220,7 +220,6 @@ def test_lookup_drafts_may_run_past_draft_max_where_a_copy_pays(tiny):
     within --draft-max; greedy text stays the target's own."""
     with Engine(tiny["target"], tiny["close"], n_ctx=512) as e:
         e.costs = cpu_q8_like()
-        e.exact_batch = 16
         prompt = list(range(40, 70)) * 4  # a block the answer can copy, once the model starts repeating
         ref = e.generate(prompt_tokens=prompt, max_tokens=80, mode="target", ignore_eos=True).tokens
         for mode in ("lookup", "auto"):

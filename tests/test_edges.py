@@ -221,7 +221,7 @@ def test_a_damaged_cost_entry_is_measured_again_and_doctor_names_the_file(tiny, 
 
 
 def test_a_full_disk_leaves_no_temporary_cost_file(tiny, monkeypatch):
-    from ggufspec import costs
+    from ggufspec import measure as costs
     from ggufspec.paths import costs_file
 
     def full(self, data, *a, **kw):

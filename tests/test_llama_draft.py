@@ -10,7 +10,10 @@ NO_EOS = {2: -1000.0}  # the tiny models' end-of-generation token: keep them tal
 
 
 def llama(path, draft=None, **kw):
-    return Llama(model_path=str(path), n_ctx=1024, n_batch=16, draft_model=draft, verbose=False, seed=0, **kw)
+    llm = Llama(model_path=str(path), n_ctx=1024, n_batch=16, draft_model=draft, verbose=False, seed=0, **kw)
+    if draft is not None:
+        draft.attach(llm)
+    return llm
 
 
 @pytest.fixture(scope="module")
@@ -103,19 +106,42 @@ def test_bad_drafts_are_one_error_and_leave_nothing_open(tiny, tmp_path):
         GGUFDraftModel(tiny["other_vocab"], target=tiny["target"], mode="draft")
     with pytest.raises(GGUFSpecError, match="no such file"):
         GGUFDraftModel(tmp_path / "missing.gguf", mode="draft")
-    with pytest.raises(GGUFSpecError, match="needs target="):
-        GGUFDraftModel(tiny["close"], mode="auto")
+    with pytest.raises(GGUFSpecError, match="needs a draft model"):
+        GGUFDraftModel(None, mode="auto")
     with pytest.raises(GGUFSpecError, match="-c/--ctx-size|n_ctx"):
         GGUFDraftModel(tiny["close"], mode="draft", n_ctx=4)
     with pytest.raises(GGUFSpecError, match="mode must be one of"):
         GGUFDraftModel(tiny["close"], mode="magic")
 
 
-def test_a_draft_of_another_vocabulary_without_target_is_named_at_first_use(tiny):
+def test_a_draft_of_another_vocabulary_without_target_is_named_at_attach(tiny):
     draft = GGUFDraftModel(tiny["other_vocab"], mode="draft")  # no target=: checked against the Llama itself
-    spec = llama(tiny["target"], draft)
     with pytest.raises(GGUFSpecError, match="cannot draft for .*token 259 differs"):
+        llama(tiny["target"], draft)
+    draft.close()
+
+
+def test_an_unattached_draft_says_what_to_do(tiny):
+    draft = GGUFDraftModel(tiny["close"], mode="draft")
+    spec = Llama(model_path=str(tiny["target"]), n_ctx=256, n_batch=16, draft_model=draft, verbose=False)
+    with pytest.raises(GGUFSpecError, match=r"attach\(llm\)"):
         spec.create_completion("hello", max_tokens=8, temperature=0)
+    draft.close()
+
+
+def test_attach_measures_through_the_llamas_own_context_and_loads_no_second_target(tiny):
+    """Costs come from the Llama's context (its settings name the cache entry); a draft given after
+    construction gets Llama's every-row logits; the text stays Llama's own."""
+    from ggufspec import measure
+
+    plain = llama(tiny["target"]).create_completion("hello world", max_tokens=40, temperature=0, logit_bias=NO_EOS)
+    draft = GGUFDraftModel(tiny["close"], mode="auto")
+    spec = Llama(model_path=str(tiny["target"]), n_ctx=1024, n_batch=16, verbose=False, seed=0)
+    draft.attach(spec)  # no draft_model= at construction
+    assert spec.draft_model is draft and spec._logits_all
+    assert draft.costs is not None and any("|Llama fa" in k for k in measure.load_cache())
+    out = spec.create_completion("hello world", max_tokens=40, temperature=0, logit_bias=NO_EOS)
+    assert out["choices"][0]["text"] == plain["choices"][0]["text"]
     draft.close()
 
 

@@ -16,7 +16,7 @@ from conftest import real_model
 from ggufspec import Engine
 from ggufspec.cli import cli
 from ggufspec.sampling import top2_gap
-from ggufspec.speculative import DEFAULT_TIE_MARGIN
+from ggufspec.verification import DEFAULT_TIE_MARGIN
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def target_only_gaps(engine, prompt_tokens, tokens):
 
 
 def test_exact_batches_measured_on_this_cpu(engine):
-    assert engine.exact_batch >= 1
+    assert engine.verification().exact_batch >= 1
     assert engine.costs.target_batch_seconds[0] > 0 and engine.costs.draft_token_seconds > 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufspec import backend, costs, system
+from ggufspec import backend, measure as costs, system
 from ggufspec.cli import cli
 
 # As llama_print_system_info() prints them: this CPU (AVX-512, no AMX), a Sapphire Rapids

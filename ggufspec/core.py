@@ -1,0 +1,163 @@
+"""The loop's own types, with no llama.cpp in them: what a drafter proposes (`Draft`), what a round
+produced (`Round`), the modes, a generation's counters (`Stats`) and what the loop needs of a
+target (`Target`). A numpy table of logits satisfies `Target`, so the loop, the sampling rules and
+auto are tested on one in milliseconds (tests/fake.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Protocol, Sequence
+
+import numpy as np
+
+# auto: per round, whatever pays (no draft / lookup / draft model); target: no drafting; draft: the
+# draft model; lookup: prompt n-grams; draft-alone: the draft model generating by itself (a baseline
+# for the benchmark: its text is the draft's, not the target's).
+MODES = ("auto", "target", "draft", "lookup", "draft-alone")
+DRAFTING_MODES = ("draft", "lookup", "auto")  # modes that speculate (their text is the target's)
+MODEL_MODES = ("draft", "draft-alone")  # modes that need a draft model
+LLAMA_MODES = ("auto", "draft", "lookup")  # what a draft for llama-cpp-python's `Llama` can do
+
+Logits = Literal["all", "last", "none"]
+
+
+class Target(Protocol):
+    """What the loop uses of a model and its context (backend.Context is one; tests/fake.py another)."""
+
+    n_ctx: int
+    n_batch: int
+    n_vocab: int
+
+    @property
+    def n_past(self) -> int: ...
+    @property
+    def tokens(self) -> list[int]: ...
+    def decode(self, tokens: Sequence[int], logits: Logits = "last") -> np.ndarray: ...
+    def truncate(self, n: int) -> None: ...
+    def start(self, prompt_tokens: list[int], reuse: bool = False) -> int: ...
+
+
+@dataclass
+class Draft:
+    """A drafter's proposal."""
+
+    tokens: list[int]
+    q: list[np.ndarray] | None = None  # distributions the tokens were drawn from; None = one-hot (deterministic)
+    seconds: float = 0.0
+    source: str = "target"  # which drafter proposed ("target": none did)
+    agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
+
+
+@dataclass
+class Round:
+    """What one step produced."""
+
+    tokens: list[int]  # accepted drafts + the target's token
+    n_drafted: int
+    n_accepted: int
+    draft_seconds: float
+    target_seconds: float
+    draft: Draft = field(default_factory=lambda: Draft([]))  # what the drafter proposed (before --draft-min)
+    ties_settled: int = 0
+    tie_gaps: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # the whole round: planning, drafting, verifying, the drafter's bookkeeping
+
+    @property
+    def source(self) -> str:
+        """Which drafter this round's verified tokens came from ("target": none)."""
+        return self.draft.source if self.n_drafted else "target"
+
+
+@dataclass
+class Stats:
+    """Counters and timings of one generation (or, merged, of several)."""
+
+    mode: str = "target"
+    n_prompt: int = 0
+    n_reused: int = 0  # prompt tokens kept from the KV cache (reuse_prompt), not evaluated again
+    rounds_by_source: dict = field(default_factory=dict)  # which drafter each round used ("target": none)
+    prompt_seconds: float = 0.0
+    n_generated: int = 0
+    generation_seconds: float = 0.0  # the rounds' own time, not the caller's between chunks
+    rounds: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    full_accepts: int = 0  # rounds whose every drafted token was accepted
+    accepted_histogram: list[int] = field(default_factory=list)  # [rounds with 0 accepted, 1, 2, ...]
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    ties_settled: int = 0
+    tie_gaps: list[float] = field(default_factory=list)
+    n_timed: int = 0  # the tokens generation_seconds covers (see add)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_timed / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: accepted / drafted."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """tau: tokens produced per target pass (accepted drafts + the target's own)."""
+        return self.n_generated / self.rounds if self.rounds else 0.0
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(0.0, self.generation_seconds - self.draft_seconds - self.target_seconds)
+
+    def add(self, r: Round, n_kept: int | None = None) -> None:
+        """Count a round; n_kept: how many of its tokens the output kept (fewer at a stop)."""
+        n_kept = len(r.tokens) if n_kept is None else n_kept
+        first = self.rounds == 0  # the token drawn from the prompt's row: its time is the prompt's, as llama.cpp counts
+        self.rounds += 1
+        self.rounds_by_source[r.source] = self.rounds_by_source.get(r.source, 0) + 1
+        self.n_generated += n_kept
+        self.n_timed += n_kept - (1 if first and n_kept else 0)
+        self.generation_seconds += r.seconds
+        self.n_drafted += r.n_drafted
+        self.n_accepted += r.n_accepted
+        if r.n_drafted:
+            while len(self.accepted_histogram) <= r.n_accepted:
+                self.accepted_histogram.append(0)
+            self.accepted_histogram[r.n_accepted] += 1
+            self.full_accepts += r.n_accepted == r.n_drafted
+        self.draft_seconds += r.draft_seconds
+        self.target_seconds += r.target_seconds
+        self.ties_settled += r.ties_settled
+        self.tie_gaps.extend(r.tie_gaps)
+
+    @classmethod
+    def merge(cls, stats: Sequence["Stats"]) -> "Stats":
+        """One Stats summing several (the benchmark's rows): α, τ and shares come out of the sums."""
+        out = cls(mode=stats[0].mode if stats else "target")
+        for s in stats:
+            for name in ("n_prompt", "n_reused", "prompt_seconds", "n_generated", "generation_seconds", "rounds",
+                         "n_drafted", "n_accepted", "full_accepts", "draft_seconds", "target_seconds", "ties_settled", "n_timed"):
+                setattr(out, name, getattr(out, name) + getattr(s, name))
+            for source, n in s.rounds_by_source.items():
+                out.rounds_by_source[source] = out.rounds_by_source.get(source, 0) + n
+            for k, n in enumerate(s.accepted_histogram):
+                if k == len(out.accepted_histogram):
+                    out.accepted_histogram.append(0)
+                out.accepted_histogram[k] += n
+            out.tie_gaps.extend(s.tie_gaps)
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tokens_per_second=self.tokens_per_second, acceptance_rate=self.acceptance_rate,
+                 tokens_per_round=self.tokens_per_round, overhead_seconds=self.overhead_seconds)
+        return d
+
+    def summary(self) -> str:
+        line = (f"{self.n_generated} tokens in {self.generation_seconds:.2f} s = {self.tokens_per_second:.1f} tok/s "
+                f"(prompt {self.n_prompt} tokens{f', {self.n_reused} reused' if self.n_reused else ''}, "
+                f"{self.prompt_seconds:.2f} s) | mode {self.mode}")
+        if self.n_drafted:
+            line += (f" | drafted {self.n_drafted}, accepted {self.n_accepted} (α {self.acceptance_rate:.1%}), "
+                     f"τ {self.tokens_per_round:.2f} tokens/round")
+        return line

@@ -1,0 +1,172 @@
+"""One generation: its settings, its moving parts in plain view, and what it yields.
+
+`GenerationSettings` is everything a caller may set; `Generation` is built per call by the Engine
+and holds the context it decodes on, its drafter (auto's learned acceptance and cost scales live and
+die with it, so one call's choices never depend on the calls before it), its rng, the coupled rule's
+noise and the verification policy; `chunks()` prefills, runs the rounds and turns them into text.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .core import MODES, Round, Stats
+from .drafters import Drafter
+from .errors import GGUFSpecError
+from .sampling import SAMPLING_RULES, PositionNoise, SamplingParams
+from .speculative import prefill, rounds
+from .text import TextAssembler
+from .verification import DEFAULT_TIE_MARGIN, Verification
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class GenerationSettings(SamplingParams):
+    """Everything that shapes one generation (the sampling fields included). `validate()` names
+    the flag of a bad value."""
+
+    max_tokens: int = 128
+    seed: int | None = None
+    mode: str = "auto"
+    draft_max: int = 4
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    # Prompt lookup copies runs of the prompt: its drafts are free, so they may be longer than the
+    # draft model's; in lookup and auto modes the measured costs choose how much of a copy pays.
+    lookup_max: int = 32
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    tie_margin: float = DEFAULT_TIE_MARGIN
+    # Greedy: verify only in batches proven bit-identical to one-token decoding (identity by
+    # construction). None: when this backend has such batches of 2 or more tokens.
+    exact: bool | None = None
+    # Keep what the KV caches already hold of this prompt (a chat's next turn, the same system
+    # prompt, a retry), in whole aligned batches of n_batch tokens only, so that the output is
+    # bit-identical to a cold start; False evaluates the whole prompt (the benchmark's default).
+    reuse_prompt: bool = True
+    # How sampled drafts are verified (sampling.SAMPLING_RULES; docs/guarantees.md): "coupled" (a seed gives
+    # the target's own text in every mode) or "rejection" (Leviathan's rule). None: coupled with a seed.
+    sampling_rule: str | None = None
+
+    @property
+    def rule(self) -> str:
+        """The sampling rule in force (greedy rounds use neither)."""
+        return self.sampling_rule or ("coupled" if self.seed is not None else "rejection")
+
+    def validate(self) -> "GenerationSettings":
+        checks = [
+            (self.max_tokens >= 1, f"-n/--n-predict must be at least 1 (got {self.max_tokens})"),
+            (math.isfinite(self.temperature) and self.temperature >= 0,
+             f"--temp must be a finite number >= 0 (got {self.temperature})"),
+            (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}; 0 turns it off)"),
+            (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p})"),
+            (0 <= self.min_p < 1, f"--min-p must be in [0, 1) (got {self.min_p})"),
+            (self.draft_max >= 1, f"--draft-max must be at least 1 (got {self.draft_max})"),
+            (0 <= self.draft_min <= self.draft_max,
+             f"--draft-min must be between 0 and --draft-max={self.draft_max} (got {self.draft_min})"),
+            (0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
+            (self.lookup_max >= 1, f"--lookup-max must be at least 1 (got {self.lookup_max})"),
+            (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
+            (self.mode in MODES, f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})"),
+            (self.seed is None or 0 <= self.seed <= MAX_SEED,
+             f"-s/--seed must be between 0 and 2**63-1 = {MAX_SEED} (got {self.seed})"),
+            (self.sampling_rule in (None, *SAMPLING_RULES),
+             f"--sampling-rule must be one of {', '.join(SAMPLING_RULES)} (got {self.sampling_rule!r})"),
+            (all(isinstance(x, str) and x for x in self.stop),
+             f"--stop: every stop string must be non-empty text (got {list(self.stop)!r}; an empty one would stop at once)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise GGUFSpecError(message)
+        return self
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One round's worth of output, as `stream` yields it: a fresh value each round."""
+
+    text: str
+    tokens: list[int]
+    source: str  # which drafter this round's tokens came through ("target": none)
+    n_drafted: int
+    n_accepted: int
+    stats: Stats  # running totals up to and including this round (a copy: later rounds do not change it)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    stats: Stats
+    finish_reason: str
+    prompt_tokens: list[int]
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
+                "n_prompt": len(self.prompt_tokens), "stats": self.stats.to_dict()}
+
+
+def resolve_settings(settings: GenerationSettings | None, overrides: dict) -> GenerationSettings:
+    known = {f.name for f in fields(GenerationSettings)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise TypeError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
+    s = replace(settings or GenerationSettings(), **overrides)
+    if s.stop is None:
+        s = replace(s, stop=())
+    elif isinstance(s.stop, str):
+        s = replace(s, stop=(s.stop,))
+    elif not isinstance(s.stop, tuple):
+        s = replace(s, stop=tuple(s.stop))
+    return s.validate()
+
+
+class Generation:
+    """The parts of one generation. model/ctx: what it decodes on (the target, or the draft for
+    draft-alone); drafter: None for plain decoding; draft_max: the round's drafting budget."""
+
+    def __init__(self, s: GenerationSettings, prompt_tokens: list[int], model, ctx, drafter: Drafter | None,
+                 verification: Verification, draft_max: int):
+        self.settings, self.prompt_tokens = s, prompt_tokens
+        self.model, self.ctx, self.drafter = model, ctx, drafter
+        self.verification, self.draft_max = verification, draft_max if drafter is not None else 0
+        self.rng = np.random.default_rng(s.seed)
+        seed = s.seed if s.seed is not None else int(np.random.SeedSequence().entropy % (MAX_SEED + 1))
+        self.noise = PositionNoise(seed, ctx.n_vocab) if not s.greedy and s.rule == "coupled" else None
+        self.stats = Stats(mode=s.mode, n_prompt=len(prompt_tokens))
+        self.text = TextAssembler(model.token_to_piece, model.eog_mask, stop=s.stop, max_tokens=s.max_tokens,
+                                  ignore_eos=s.ignore_eos)
+
+    def chunks(self, before_round: Callable[[], None] = lambda: None) -> Iterator[Chunk]:
+        """Prefill, then a Chunk per round until the text ends; before_round runs before each round."""
+        s = self.settings
+        start = time.perf_counter()
+        logits, self.stats.n_reused = prefill(self.ctx, self.prompt_tokens, reuse=s.reuse_prompt)
+        if self.drafter is not None:
+            self.drafter.reset(self.prompt_tokens, reuse=s.reuse_prompt)
+        self.stats.prompt_seconds = time.perf_counter() - start
+        steps = rounds(self.ctx, self.drafter, self.prompt_tokens, logits, s, self.rng, max_tokens=s.max_tokens,
+                       draft_max=self.draft_max, draft_min=s.draft_min, verification=self.verification,
+                       noise=self.noise)
+        while True:
+            before_round()
+            r = next(steps, None)
+            if r is None:
+                return
+            chunk = self._chunk(r)
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+
+    def _chunk(self, r: Round) -> Chunk:
+        new_tokens, shown, finish = self.text.add(r.tokens)
+        self.stats.add(r, len(new_tokens))
+        return Chunk(shown, new_tokens, r.source, r.n_drafted, r.n_accepted, copy.deepcopy(self.stats), finish)

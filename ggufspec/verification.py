@@ -1,0 +1,158 @@
+"""How greedy (and coupled) rounds are verified, and what verifying costs: one policy that the
+loop, auto's planner, the `Llama` draft, the bench footer and `doctor` all ask.
+
+llama.cpp's batched kernels are not bit-identical to one-token decoding everywhere. Where this
+backend has batches that are (measured at load: `Costs.exact_batch`, up to `Costs.exact_kv`
+cached tokens), greedy verification decodes in such batches by default, so the text is the
+target's by construction; elsewhere it verifies in one batch and re-decodes a near-tie one token
+at a time. Batches are cut in the exact size with the least cost per token (`Costs.chunk`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .core import Target
+from .costs import Costs
+from .sampling import Picker, SamplingParams, verify_greedy
+
+# On CPU, llama.cpp's repacked Q4_K kernels compute batches of >= 4 rows with a GEMM whose
+# rounding moves the top-1/top-2 logit gap by up to 0.32 on the Qwen2.5-Coder pair (and past 256
+# cached tokens one-token flash attention splits the keys over threads, so there no batch is exact:
+# scripts/measure_batch_drift.py). A batched argmax this close to the runner-up is re-checked by
+# one-token decoding.
+DEFAULT_TIE_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The verification policy. exact_batch: the largest batch this backend computes bit-identically
+    to one-token decoding, while the KV cache holds at most exact_kv tokens (None: at every length
+    measured). exact: verify in batches of at most that size (identity by construction); otherwise
+    one batch, with near-ties (top-2 gap < tie_margin) re-decoded. costs: the measured table the
+    predictions come from."""
+
+    exact_batch: int = 1
+    exact: bool = False
+    tie_margin: float = DEFAULT_TIE_MARGIN
+    exact_kv: int | None = None
+    chunk: int | None = None  # the batch size rounds longer than exact_batch are cut into (default exact_batch)
+    costs: Costs | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, costs: Costs | None, exact: bool | None = None, tie_margin: float = DEFAULT_TIE_MARGIN) -> "Verification":
+        """The policy for these measured costs. exact None: exact wherever this backend has bit-identical
+        batches of 2 tokens or more (the default everywhere in ggufspec)."""
+        if costs is None:  # nothing measured: no batch is known to be exact
+            return cls(1, False, tie_margin)
+        exact = costs.exact_batch >= 2 if exact is None else exact
+        return cls(costs.exact_batch, exact, tie_margin, costs.exact_kv, costs.chunk(), costs)
+
+    # -- which batches are exact --------------------------------------------------------------
+
+    def exact_here(self, n_kv: int) -> int:
+        """The bit-exact batch size with n_kv tokens in the cache after the batch (1: none)."""
+        return self.exact_batch if self.exact_kv is None or n_kv <= self.exact_kv else 1
+
+    def batch_limit(self, n_kv: int | None = None) -> int | None:
+        """The largest batch verification decodes with n_kv tokens cached after it (None: the short
+        lengths where exactness was measured); None means one batch per round."""
+        if not self.exact or self.exact_batch < 2:
+            return None
+        limit = self.exact_here(n_kv) if n_kv is not None else self.exact_batch
+        return limit if limit > 1 else None
+
+    def one_call(self, n_rows: int, n_past: int) -> bool:
+        """Whether a round of n_rows from n_past cached tokens is verified in one decode."""
+        limit = self.batch_limit(n_past + n_rows)
+        return limit is None or n_rows <= limit
+
+    def exact_draft_max(self, n_history: int, wanted: int) -> int:
+        """For a caller that verifies [last] + draft in one batch (llama-cpp-python's `Llama`): the
+        longest draft keeping that batch bit-exact when exact (0 past exact_kv), else `wanted`."""
+        if not self.exact:
+            return wanted
+        if self.exact_kv is not None and n_history + wanted > self.exact_kv:
+            return 0
+        return min(wanted, self.exact_batch - 1)
+
+    # -- what verifying costs -----------------------------------------------------------------
+
+    def seconds(self, n_rows: int, alpha: float, n_past: int | None = None) -> float:
+        """Expected seconds to verify n_rows from n_past cached tokens, as `verify` decodes them:
+        in exact chunks that stop at the first rejection, or in one batch."""
+        n_kv = None if n_past is None else n_past + n_rows
+        return self.costs.verify_seconds(n_rows, self.batch_limit(n_kv), alpha)
+
+    def speedup(self, alpha: float, n_draft: int, draft_step: float, n_past: int | None = None) -> float:
+        """Expected speed-up over plain decoding of a round drafting n_draft tokens at draft_step
+        seconds each, at acceptance rate alpha, from n_past cached tokens."""
+        n_kv = None if n_past is None else n_past + n_draft + 1
+        return self.costs.speedup(alpha, n_draft, draft_step, self.batch_limit(n_kv))
+
+    def ceiling(self) -> tuple[float, int]:
+        """(best speed-up any drafter could give here, tokens per round that give it)."""
+        return self.costs.ceiling(self.batch_limit())
+
+    def report(self, quant: str | None = None) -> dict:
+        """The measured table with the ceiling and break-even points under this policy (`ggufspec costs`)."""
+        return self.costs.report(self.batch_limit(), quant)
+
+    # -- verifying ----------------------------------------------------------------------------
+
+    def verify(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
+               picker: Picker) -> tuple[int, int, list[float]]:
+        """Greedy or coupled verification: keep drafts while they equal the target's picks. Exact: in
+        bit-exact batches (identity by construction); otherwise one batch, and a near-tie among the
+        rows used is re-decoded one token at a time. Returns (n_accepted, next_token, tie gaps)."""
+        t0 = n_past + 1
+        limit = self.batch_limit(n_past + len(inputs))
+        if limit is not None and len(inputs) > limit:
+            logits = _rows_in_chunks(target, inputs, min(self.chunk or limit, limit), draft_tokens, picker, t0)
+        else:
+            logits = target.decode(inputs, logits="all")
+        n_accepted, next_token = verify_greedy(draft_tokens, picker.picks(logits, t0))
+        if limit is not None or len(inputs) <= self.exact_here(n_past + len(inputs)):
+            return n_accepted, next_token, []
+        tied = np.flatnonzero(picker.near_ties(logits[: n_accepted + 1], t0, self.tie_margin))
+        if not len(tied):
+            return n_accepted, next_token, []
+        j = int(tied[0])
+        gap = picker.gap(logits[j], t0 + j)
+        n_accepted, next_token = settle_tie(target, inputs, draft_tokens, n_past, j, picker)
+        return n_accepted, next_token, [gap]
+
+
+def _rows_in_chunks(target: Target, inputs: list[int], chunk: int, draft_tokens: list[int], picker: Picker,
+                    t0: int) -> np.ndarray:
+    """Target rows for `inputs`, decoded in batches of `chunk` tokens (bit-exact ones).
+
+    Stops after the first batch holding a rejection: later rows could not be used anyway.
+    """
+    rows = []
+    for start in range(0, len(inputs), chunk):
+        part = target.decode(inputs[start:start + chunk], logits="all")
+        rows.append(part.copy())  # the view dies with the next decode
+        drafts = draft_tokens[start:start + len(part)]
+        if len(drafts) < len(part) or picker.picks(part, t0 + start)[: len(drafts)] != drafts:
+            break
+    return np.concatenate(rows)
+
+
+def settle_tie(target: Target, inputs: list[int], draft_tokens: list[int], n_past: int, j: int,
+               picker: Picker | None = None) -> tuple[int, int]:
+    """Redo a round whose batched row j was a near-tie as target-only decoding would: the inputs
+    up to row j one token at a time (neither the row nor the K/V before it from the batch), then
+    one token at a time while the drafts keep matching. Returns (n_accepted, next_token)."""
+    picker = picker or Picker(SamplingParams())
+    t0 = n_past + 1  # the position row 0 predicts
+    target.truncate(n_past)
+    for x in inputs[: j + 1]:
+        row = target.decode([x], logits="last")[0]
+    i = j
+    while i < len(draft_tokens) and picker.pick(row, t0 + i) == draft_tokens[i]:
+        row = target.decode([draft_tokens[i]], logits="last")[0]
+        i += 1
+    return i, picker.pick(row, t0 + i)
