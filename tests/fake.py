@@ -1,0 +1,64 @@
+"""A numpy target for the loop's tests: a fixed table of logits, no llama.cpp.
+
+The row after position i depends on the tokens at i-1 and i (a table indexed by the pair), so
+rewinding, batching and re-decoding must all be right for the text to come out the same. It keeps
+the `core.Target` protocol: decode / truncate / start, n_past, tokens, n_ctx, n_batch, n_vocab.
+`batch_drift` adds a small deterministic error to rows computed in batches of more than
+`exact_batch` tokens, as llama.cpp's batched kernels do, so the tie rule can be tested.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggufspec.errors import ContextFullError
+
+
+class FakeTarget:
+    def __init__(self, n_vocab: int = 24, seed: int = 0, *, scale: float = 2.0, n_ctx: int = 512, n_batch: int = 64,
+                 batch_drift: float = 0.0, exact_batch: int = 64, table: np.ndarray | None = None):
+        rng = np.random.default_rng(seed)
+        self.table = table if table is not None else rng.normal(size=(n_vocab, n_vocab, n_vocab)) * scale
+        self.n_vocab, self.n_ctx, self.n_batch = n_vocab, n_ctx, n_batch
+        self.batch_drift, self.exact_batch = batch_drift, exact_batch
+        self._drift = np.random.default_rng(seed + 1000).normal(size=(n_ctx, n_vocab)) * batch_drift
+        self.tokens: list[int] = []
+        self.batches: list[int] = []  # the size of every decode, in order
+
+    def like(self, seed: int, closeness: float) -> "FakeTarget":
+        """A draft of this target: its table plus noise (closeness 0: the same model)."""
+        noise = np.random.default_rng(seed).normal(size=self.table.shape) * closeness
+        return FakeTarget(self.n_vocab, n_ctx=self.n_ctx, n_batch=self.n_batch, table=self.table + noise)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def row(self, i: int) -> np.ndarray:
+        """The logits row of position i (what the next token is drawn from)."""
+        prev = self.tokens[i - 1] if i > 0 else 0
+        return self.table[prev, self.tokens[i]]
+
+    def decode(self, tokens, logits: str = "last"):
+        tokens = [int(t) for t in tokens]
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(f"fake: {self.n_past} + {len(tokens)} > n_ctx={self.n_ctx}")
+        start = self.n_past
+        self.tokens.extend(tokens)
+        self.batches.append(len(tokens))
+        rows = np.stack([self.row(i) for i in range(start, self.n_past)])
+        if len(tokens) > self.exact_batch:
+            rows = rows + self._drift[start:self.n_past]
+        if logits == "none":
+            return None
+        return rows if logits == "all" else rows[-1:]
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def clear(self) -> None:
+        self.tokens.clear()
+
+    def start(self, prompt_tokens: list[int], reuse: bool = False) -> int:
+        self.clear()
+        return 0

@@ -1,0 +1,180 @@
+"""The loop, the sampling rules, auto and the Llama adapter's bookkeeping on a numpy target (tests/fake.py):
+no llama.cpp, milliseconds a test. What needs llama.cpp itself is tested on tiny GGUF models elsewhere."""
+
+import numpy as np
+import pytest
+from fake import FakeTarget
+from test_engine import _chi2, _chi2_critical
+
+from ggufspec.auto import AutoDrafter
+from ggufspec.core import Round, Stats
+from ggufspec.costs import Costs
+from ggufspec.drafters import LookupDrafter, ModelDrafter
+from ggufspec.sampling import PositionNoise, SamplingParams, probs_from_logits
+from ggufspec.speculative import prefill, rounds
+from ggufspec.verification import Verification
+
+GREEDY = SamplingParams()
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+
+
+def generate(target, drafter=None, *, n=60, draft_max=4, params=GREEDY, seed=0, verification=Verification(),
+             noise=None, prompt=PROMPT):
+    logits, _ = prefill(target, prompt)
+    if drafter is not None:
+        drafter.reset(prompt)
+    out, stats = [], Stats()
+    for r in rounds(target, drafter, prompt, logits, params, np.random.default_rng(seed), max_tokens=n,
+                    draft_max=draft_max if drafter is not None else 0, verification=verification, noise=noise):
+        out += r.tokens
+        stats.add(r)
+    assert target.tokens == prompt + out[:-1]  # the cache holds exactly the text but its last token
+    return out, stats
+
+
+@pytest.mark.parametrize("closeness", [0.0, 0.3, 3.0])
+@pytest.mark.parametrize("draft_max", [1, 4, 9])
+def test_greedy_output_is_the_targets_with_a_draft_model(closeness, draft_max):
+    target = FakeTarget(seed=1)
+    ref, _ = generate(target)
+    out, stats = generate(target, ModelDrafter(target.like(7, closeness)), draft_max=draft_max)
+    assert out == ref and stats.n_drafted > 0
+    if closeness == 0.0:  # the model as its own draft accepts every draft (mlx-lm's check)
+        assert stats.n_accepted == stats.n_drafted
+
+
+def test_greedy_output_is_the_targets_with_lookup_and_a_rejecting_draft():
+    target = FakeTarget(seed=2, scale=0.5)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 24, 200)]  # n-grams recur with other continuations
+    ref, _ = generate(target, n=120, prompt=prompt)
+    out, stats = generate(target, LookupDrafter(), n=120, draft_max=6, prompt=prompt)
+    assert out == ref and stats.n_drafted > stats.n_accepted > 0
+
+
+def test_exact_verification_decodes_in_chunks_and_stops_at_the_first_rejected_one():
+    target = FakeTarget(seed=1)
+    draft = ModelDrafter(target.like(7, 0.0))
+    v = Verification(exact_batch=3, exact=True, chunk=3)
+    target.batches.clear()
+    generate(target, draft, draft_max=8, verification=v)
+    assert max(target.batches[1:]) <= 3  # the prompt's batch aside
+    target.batches.clear()
+    wrong = ModelDrafter(target.like(7, 50.0))  # a draft that is nearly always wrong
+    generate(target, wrong, draft_max=8, verification=v)
+    assert sum(target.batches[1:]) < 4 * 60  # about one chunk of 3 a round, not 9 rows: later chunks never ran
+
+
+def test_past_exact_kv_verification_is_one_batch():
+    v = Verification(exact_batch=3, exact=True, exact_kv=20, chunk=3)
+    assert v.batch_limit(20) == 3 and v.batch_limit(21) is None
+    assert v.one_call(5, 30) and not v.one_call(5, 10)
+    target = FakeTarget(seed=1)
+    generate(target, ModelDrafter(target.like(7, 0.0)), draft_max=6, verification=v)
+    assert max(target.batches[1:]) == 7  # [last] + 6 drafts, once the cache is past 20 tokens
+
+
+def test_near_ties_in_a_drifting_batch_are_settled_one_token_at_a_time():
+    """Batched rows carry a small error (as llama.cpp's do); re-deciding near-ties one token at a time
+    keeps the text the target's. Negative control: with no tie margin the drift shows."""
+    target = FakeTarget(seed=3, scale=0.3, batch_drift=0.2, exact_batch=1)
+    draft = target.like(7, 0.0)
+    ref, _ = generate(target, n=150)
+    out, stats = generate(target, ModelDrafter(draft), n=150, draft_max=4, verification=Verification(tie_margin=2.0))
+    assert out == ref and stats.ties_settled > 0
+    bent = [generate(FakeTarget(seed=s, scale=0.3, batch_drift=0.2, exact_batch=1), n=150)[0] !=
+            generate(FakeTarget(seed=s, scale=0.3, batch_drift=0.2, exact_batch=1),
+                     ModelDrafter(FakeTarget(seed=s, scale=0.3).like(7, 0.0)), n=150,
+                     verification=Verification(tie_margin=0.0))[0] for s in range(3, 8)]
+    assert any(bent), "the drift never changed a greedy choice: the test has no power"
+
+
+def _first_two_exact(target, prompt, params):
+    """The exact joint distribution of the two tokens after the first generated one is fixed... here:
+    of generated tokens 2 and 3 given the prompt and token 1 = the argmax (sampling starts at round 2)."""
+    target.start(prompt)
+    first = target.decode(prompt, logits="last")[0]
+    p1 = probs_from_logits(first, params)
+    joint = np.zeros((target.n_vocab,) * 3)
+    for a in range(target.n_vocab):
+        if p1[a] < 1e-12:
+            continue
+        target.truncate(len(prompt))
+        p2 = probs_from_logits(target.decode([a], logits="last")[0], params)
+        for b in np.flatnonzero(p2 > 1e-12):
+            target.truncate(len(prompt) + 1)
+            p3 = probs_from_logits(target.decode([b], logits="last")[0], params)
+            joint[a, b] = p1[a] * p2[b] * p3
+    return joint
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5, top_p=0.9)])
+def test_rejection_sampling_follows_the_targets_distribution(params):
+    """Leviathan's rule with a draft that disagrees often: the first three tokens follow p (chi-square).
+    Negative control: the draft's own distribution is told apart."""
+    target = FakeTarget(n_vocab=6, seed=4, scale=1.0)
+    draft_model = target.like(9, 1.0)
+    p = _first_two_exact(target, [1, 2], params).ravel()
+    q = _first_two_exact(draft_model, [1, 2], params).ravel()
+    counts = np.zeros_like(p)
+    draft = ModelDrafter(draft_model)
+    for seed in range(4000):
+        out, _ = generate(target, draft, n=3, draft_max=2, params=params, seed=seed, prompt=[1, 2])
+        counts[np.ravel_multi_index(out[:3], (6, 6, 6))] += 1
+    stat, df = _chi2(counts, p)
+    assert stat < _chi2_critical(df), f"chi2 {stat:.1f} on {df} df"
+    stat_q, df_q = _chi2(counts, q)
+    assert stat_q > _chi2_critical(df_q), "the test cannot tell p from q: it has no power"
+
+
+def test_with_a_seed_the_coupled_rule_writes_the_targets_own_text():
+    params = SamplingParams(temperature=0.9)
+    target = FakeTarget(seed=5, scale=1.0)
+    noise = PositionNoise(42, target.n_vocab)
+    plain, _ = generate(target, params=params, noise=noise, n=80)
+    for drafter in (ModelDrafter(target.like(7, 0.5)), LookupDrafter()):
+        out, stats = generate(target, drafter, params=params, noise=PositionNoise(42, target.n_vocab), n=80)
+        assert out == plain
+    assert plain != generate(target, params=params, noise=PositionNoise(43, target.n_vocab), n=80)[0]
+
+
+def _auto(costs, target, closeness=0.0):
+    model = ModelDrafter(target.like(7, closeness))
+    return AutoDrafter(Verification.of(costs), lookup=LookupDrafter(), model=model)
+
+
+def test_auto_drafts_with_the_model_where_verification_is_cheap_and_never_where_it_cannot_pay():
+    target = FakeTarget(seed=1)
+    ref, _ = generate(target, n=80)
+    cheap = Costs([0.040 + 0.001 * i for i in range(9)], 1, 0.004)  # a GPU: a verify batch is nearly free
+    out, stats = generate(target, _auto(cheap, target), n=80, draft_max=4)
+    assert out == ref and stats.rounds_by_source.get("draft", 0) > 10
+    dear = Costs([0.043 * (i + 1) for i in range(9)], 3, 0.025)  # each verified row costs a whole step
+    out, stats = generate(target, _auto(dear, target), n=80, draft_max=4)
+    assert out == ref and "draft" not in stats.rounds_by_source
+
+
+def test_stats_merge_is_the_sum_of_its_parts():
+    a, b = Stats(mode="auto"), Stats(mode="auto")
+    for s, rounds_ in ((a, [(3, 2), (4, 4)]), (b, [(0, 0), (4, 1)])):
+        for drafted, accepted in rounds_:
+            s.add(Round([1] * (accepted + 1), drafted, accepted, 0.01, 0.02, seconds=0.05))
+    m = Stats.merge([a, b])
+    assert (m.n_drafted, m.n_accepted, m.rounds, m.n_generated) == (11, 7, 4, 11)
+    assert m.acceptance_rate == pytest.approx(7 / 11) and m.accepted_histogram == [0, 1, 1, 0, 1]
+    assert m.generation_seconds == pytest.approx(0.2) and m.n_timed == a.n_timed + b.n_timed == 9
+    assert m.rounds_by_source == {"target": 4}  # Round's default draft names no source
+
+
+def test_the_llama_adapter_reads_acceptance_from_how_the_history_went_on():
+    """GGUFDraftModel is never told what Llama accepted: it reads it from the next call's history."""
+    from ggufspec.llama_draft import GGUFDraftModel
+
+    d = GGUFDraftModel(None, mode="lookup", num_pred_tokens=3)
+    d._attached = "a Llama"  # attach() needs a real one; the bookkeeping does not
+    history = [5, 6, 7, 8, 5, 6]
+    assert list(d(np.array(history))) == [7, 8, 5]
+    history += [7, 8, 9]  # Llama kept 7, 8, rejected 5, and sampled 9 instead
+    d(np.array(history))
+    assert (d.stats["drafted"], d.stats["accepted"]) == (3, 2) and d.stats["by_source"] == {"lookup": {"drafted": 3, "accepted": 2}}
+    d([1, 2, 3])  # a new prompt: nothing is counted against the last proposal
+    assert d.stats["drafted"] == 3
