@@ -1,221 +1,30 @@
-"""The only module that imports `llama_cpp`: models, contexts, batches, logits, KV rewind, vocab.
+"""Models and contexts: load with n_gpu_layers, decode a batch, logits, KV rewind, vocabulary.
 
-Thin wrappers over llama-cpp-python's low-level API. Logits come back as numpy views on
+llama.cpp itself is reached through `runtime` (the one importer of llama_cpp) and ggml's devices
+through `devices`; the AMX route is `amx`. Thin wrappers over llama-cpp-python's low-level API. Logits come back as numpy views on
 llama.cpp's own buffer (valid until the next decode on that context), so the hot path copies
 nothing per row. Every handle is freed by `close()` (or `with`), in the right order.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
 import re
-import signal
-import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 
-import llama_cpp as C
-from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: F401 (ggufspec.llama_draft's base class)
-
-from . import system
+from . import amx, system
+from .devices import descriptions, device_array, devices, supports_gpu_offload
 from .errors import ContextFullError, GGUFSpecError
 from .gguf_info import read_info
+from .runtime import C, build_features, init, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
-
-_state = {"verbose": False, "initialised": False, "gpu_warned": False, "capture": None, "interrupted": False}
-_lock = threading.Lock()
-
-
-@C.llama_log_callback
-def _log_callback(level, text, user_data):
-    # llama.cpp talks a lot while loading; we show it only with --verbose (and read what we need).
-    line = text.decode("utf-8", errors="replace")
-    if _state["capture"] is not None:
-        _state["capture"].append(line)
-    if _state["verbose"]:
-        sys.stderr.write(line)
-
-
-@C.llama_progress_callback
-def _load_progress(progress, user_data):
-    """Returning False aborts llama.cpp's model load (see `_interruptible`)."""
-    return not _state["interrupted"]
-
-
-@contextlib.contextmanager
-def _interruptible():
-    """Ctrl-C (or SIGTERM) during a model load. Python runs a signal handler at the next bytecode,
-    which during a load is inside one of llama.cpp's callbacks, where a KeyboardInterrupt would be
-    printed and lost ("Exception ignored") and the load would go on. So while loading, the signal
-    only sets a flag; the progress callback then stops the load, and once llama.cpp has returned the
-    signal is raised again for the handler it was meant for. (Outside the main thread signals cannot
-    be handled here: the usual handlers stay.)"""
-    _state["interrupted"] = False
-    came: list[int] = []
-
-    def note(signum, frame):
-        came.append(signum)
-        _state["interrupted"] = True
-
-    previous = {}
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, note)
-    except ValueError:
-        pass
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        _state["interrupted"] = False
-        if came:
-            signal.raise_signal(came[0])
-
-
-def set_verbose(verbose: bool) -> None:
-    """Show (True) or hide (False) llama.cpp's own log output."""
-    _state["verbose"] = bool(verbose)
-
-
-def _init_backend() -> None:
-    with _lock:
-        if not _state["initialised"]:
-            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
-            C.llama_backend_init()
-            _state["initialised"] = True
-
-
-def init() -> None:
-    """Start llama.cpp's backend once, its log routed through ggufspec's (shown with --verbose)."""
-    _init_backend()
-
-
-def supports_gpu_offload() -> bool:
-    """Whether layers can leave the CPU: a GPU, accelerator or RPC device is there. (llama.cpp's own
-    llama_supports_gpu_offload is true for any build with the RPC backend, devices or not.)"""
-    return any(d["type"] != "CPU" for d in devices())
-
-
-def llama_cpp_version() -> str:
-    return getattr(C, "__version__", "unknown")
-
-
-def system_info() -> str:
-    """llama.cpp's own account of the build: "CPU : SSE3 = 1 | AVX = 1 | ..." per backend."""
-    _init_backend()
-    return C.llama_print_system_info().decode("utf-8", errors="replace")
-
-
-def build_features() -> list[str]:
-    features = system.build_features(system.parse_system_info(system_info()))
-    if C.llama_supports_rpc():
-        features.append("RPC")
-    return features
-
-
-@functools.cache
-def _ggml():
-    """ggml's device API (not wrapped by llama-cpp-python): the library it loaded, typed here."""
-    from llama_cpp._ggml import libggml as lib
-
-    p, s = ctypes.c_void_p, ctypes.c_size_t
-    for name, args, res in [("ggml_backend_dev_count", [], s), ("ggml_backend_dev_get", [s], p),
-                            ("ggml_backend_dev_name", [p], ctypes.c_char_p),
-                            ("ggml_backend_dev_description", [p], ctypes.c_char_p),
-                            ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
-                            ("ggml_backend_dev_type", [p], ctypes.c_int), ("ggml_backend_dev_backend_reg", [p], p),
-                            ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
-                            ("ggml_backend_buft_name", [p], ctypes.c_char_p),
-                            ("ggml_backend_reg_by_name", [ctypes.c_char_p], p), ("ggml_backend_register", [p], None),
-                            ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
-                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p)]:
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, res
-    return lib
-
-
-def ggml():
-    """ggml's device and backend-registry functions, typed (for `rpc`)."""
-    _init_backend()
-    return _ggml()
-
-
-def supports_rpc() -> bool:
-    return bool(C.llama_supports_rpc())
-
-
-DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator", 4: "meta"}
-
-
-def devices() -> list[dict]:
-    """Every ggml device llama.cpp can place layers on, with memory as it reports it."""
-    _init_backend()
-    lib, out = _ggml(), []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        name = lib.ggml_backend_dev_name(dev).decode()
-        out.append({"name": name, "description": lib.ggml_backend_dev_description(dev).decode(),
-                    "type": "RPC" if name.startswith("RPC") else DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
-                    "free_bytes": free.value, "total_bytes": total.value})
-    return out
-
-
-def cpu_device():
-    """The CPU's ggml device handle (None on a build without one)."""
-    return ggml().ggml_backend_dev_by_type(0)
-
-
-def _cpu_extra_bufts() -> list[tuple[str, int]]:
-    """(name, handle) of the CPU device's extra weight buffer types, in the order llama.cpp tries them."""
-    lib, dev = ggml(), cpu_device()
-    address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts") if dev else None
-    if not address:
-        return []
-    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(dev)
-    out = []
-    for j in range(16):  # NULL-terminated
-        if not bufts[j]:
-            break
-        out.append((lib.ggml_backend_buft_name(bufts[j]).decode(), bufts[j]))
-    return out
-
-
-def _descriptions() -> dict[str, str]:
-    return {d["name"]: d["description"] for d in devices()}
-
-
-def cpu_buffer_types() -> list[str]:
-    """The CPU device's extra weight buffer types (AMX, CPU_REPACK, ...)."""
-    return [name for name, _ in _cpu_extra_bufts()]
-
-
+# Where llama.cpp put the weights, as its load log says: "load_tensors: CPU_REPACK model buffer size = 1.2 MiB".
 _BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
-
-
-def _device_array(names: list[str]):
-    lib = ggml()
-    handles = []
-    for name in names:
-        dev = lib.ggml_backend_dev_by_name(name.encode())
-        if not dev:
-            known = ", ".join(d["name"] for d in devices())
-            raise GGUFSpecError(f"no device named {name!r} here (llama.cpp sees: {known})")
-        handles.append(dev)
-    array = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
-    return array
-
-
-class _BuftOverride(ctypes.Structure):
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 @functools.cache
@@ -287,45 +96,20 @@ class Model(VocabFacts, Closing):
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
                  vocab_only: bool = False, avoid_amx: bool | None = None, devices: list[str] | None = None):
-        _init_backend()
+        init()
         self.path = Path(path)
         self.role = role
         self.info = read_info(self.path)  # one clear line for missing, non-GGUF or truncated files
-        # llama.cpp's AMX kernels crash on Q4_K/Q6_K weights (issue 20824). Where a build would use
-        # them, the weights are placed by hand instead: extra buffer types off, and every weight that
-        # repacking takes put into the CPU_REPACK buffer, as a build without AMX would place them.
-        problem = system.amx_problem(build_features(), cpu_buffer_types(), {t.type_name for t in self.info.tensors},
-                                     llama_cpp_version())
+        problem = amx.problem(self.info)
         self.avoids_amx = bool(problem) if avoid_amx is None else avoid_amx
-        params = C.llama_model_default_params()
-        if self.avoids_amx and repack and not vocab_only:
-            self._overrides = self._repack_overrides(n_gpu_layers)
-            params.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
-            repack = False
-        if n_gpu_layers != 0 and not supports_gpu_offload() and not _state["gpu_warned"]:
-            _state["gpu_warned"] = True
-            print("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU", file=sys.stderr)
-        params.n_gpu_layers = int(n_gpu_layers)
-        params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
-        params.vocab_only = bool(vocab_only)
-        if devices is not None:  # llama.cpp's -dev: the devices layers may go to (an empty list: the CPU only)
-            self._devices = _device_array(devices)
-            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        if n_gpu_layers != 0 and not supports_gpu_offload():
+            warn_once("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU")
+        params = self._params(n_gpu_layers, repack, vocab_only, devices)
         self.devices = devices
-        described = _descriptions() if devices else {}
+        described = descriptions() if devices else {}
         # What decides where layers run, for the cost cache: devices by name and what they are.
         self.devices_key = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
-        params.progress_callback = _load_progress
-        with _lock:
-            _state["capture"] = []
-            try:
-                with _interruptible():  # a signal meanwhile stops the load and is raised again on leaving
-                    self._model = C.llama_model_load_from_file(str(self.path).encode(), params)
-                    if _state["interrupted"] and self._model:
-                        C.llama_model_free(self._model)
-                        self._model = None
-            finally:
-                log, _state["capture"] = _state["capture"], None
+        self._model, log = load_model(str(self.path), params)
         # Where llama.cpp put the weights, as it reports it: {buffer name: MiB}.
         self.buffers = {m.group(1): float(m.group(2)) for m in map(_BUFFER_LINE.search, log) if m}
         if not self._model and problem:
@@ -343,18 +127,20 @@ class Model(VocabFacts, Closing):
         for t in range(self.n_vocab):
             self._eog[t] = C.llama_vocab_is_eog(self._vocab, t)
 
-    def _repack_overrides(self, n_gpu_layers: int):
-        """The NULL-terminated override array for llama_model_params (kept alive on self)."""
-        repack = dict(_cpu_extra_bufts()).get("CPU_REPACK")
-        first_gpu = None
-        if n_gpu_layers and supports_gpu_offload():
-            first_gpu = 0 if n_gpu_layers < 0 else max(0, self.info.n_layers - n_gpu_layers)
-        patterns = system.repack_patterns(self.info.tensors, build_features(), first_gpu) if repack else []
-        self._patterns = [p.encode() for p in patterns]
-        array = (_BuftOverride * (len(patterns) + 1))()
-        for i, p in enumerate(self._patterns):
-            array[i].pattern, array[i].buft = p, repack
-        return array
+    def _params(self, n_gpu_layers: int, repack: bool, vocab_only: bool, devices: list[str] | None):
+        """llama_model_params; what they point at is kept alive on self."""
+        params = C.llama_model_default_params()
+        if self.avoids_amx and repack and not vocab_only:
+            self._overrides = amx.RepackOverrides(self.info, n_gpu_layers)
+            params.tensor_buft_overrides = self._overrides.pointer
+            repack = False
+        params.n_gpu_layers = int(n_gpu_layers)
+        params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
+        params.vocab_only = bool(vocab_only)
+        if devices is not None:  # llama.cpp's -dev: the devices layers may go to (an empty list: the CPU only)
+            self._devices = device_array(devices)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        return params
 
     # -- vocabulary ---------------------------------------------------------------------------
 

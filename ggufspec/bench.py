@@ -409,7 +409,7 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
             "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
             "threads": engine.target_ctx.n_threads, "exact_batch": verification.exact_batch, "exact": verification.exact,
             "costs": verification.report(engine.target_model.info.file_type) if engine.costs else None,
-            "placement": engine.placement(), "interrupted": interrupted, "outputs_error": outputs_error,
+            "placement": engine.weights(), "interrupted": interrupted, "outputs_error": outputs_error,
             "prefill": "reused" if settings.reuse_prompt else "cold", "n_batch": engine.target_ctx.n_batch,
         }
     return out, meta, interrupted

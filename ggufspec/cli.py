@@ -116,7 +116,7 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
         tokens = engine.tokenize_prompt(prompt, messages)
         if as_json:
             click.echo(json.dumps({**engine.generate(prompt_tokens=tokens, **settings).to_dict(),
-                                   "placement": engine.placement()}))
+                                   "placement": engine.weights()}))
             return
         chunk = None
         for chunk in engine.stream(prompt_tokens=tokens, **settings):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import backend, system
+from . import backend, devices, runtime, system
 from .costs import Costs
 from .measure import bad_entries, load_cache
 from .paths import costs_file, models_dir
@@ -36,7 +36,7 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
             if "exact_kv" not in entry:
                 continue  # measured before exactness was checked at length: never read again
             c = Costs(entry["target_batch_seconds"], entry["exact_batch"], exact_kv=entry["exact_kv"])
-            parts = key.split("|")  # path|size|mtime|tN|nglN|placement|exact@...|machine id
+            parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|machine id
             mine.append({"model": parts[0], "threads": parts[3][1:], "n_gpu_layers": parts[4][3:],
                          "placement": parts[5] if len(parts) > 6 else "default", "target_step_seconds": c.target_token_seconds,
                          "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
@@ -57,7 +57,7 @@ def problems(features: list[str], cpu_buffer_types: list[str], other_machines: l
         out.append({"severity": "warning", "problem": "this llama-cpp-python build uses llama.cpp's AMX kernels, which crash "
                     "on Q4_K/Q6_K weights on this CPU (llama.cpp issue 20824); ggufspec places such weights itself "
                     "(repacked, without AMX), but llama_cpp.Llama and other programs on this build will crash",
-                    "fix": system.reinstall_command(backend.llama_cpp_version())})
+                    "fix": system.reinstall_command(runtime.llama_cpp_version())})
     gpu = system.gpu_problem(features, system.nvidia_gpu_visible())
     if gpu:
         out.append({"severity": "error", **gpu})
@@ -79,8 +79,8 @@ def diagnose(rpc: str | None = None) -> dict:
         from .rpc import add_servers
 
         add_servers(rpc)
-    features = backend.build_features()
-    bufts = backend.cpu_buffer_types()
+    features = runtime.build_features()
+    bufts = devices.cpu_buffer_types()
     machine = backend.machine()
     flags = system.cpu_flags()
     mine, others, damaged = _costs(machine["id"])
@@ -88,15 +88,15 @@ def diagnose(rpc: str | None = None) -> dict:
     found = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
     return {
         "python": sys.version.split()[0],
-        "llama_cpp_python": backend.llama_cpp_version(),
+        "llama_cpp_python": runtime.llama_cpp_version(),
         "build_features": features,
-        "system_info": backend.system_info(),
+        "system_info": runtime.system_info(),
         "cpu": system.cpu_model(),
         "cpu_features": [f for f in SIMD_FLAGS if f in flags],
         "cpu_buffer_types": bufts,
         "threads": backend.default_threads(),
         "logical_cpus": os.cpu_count(),
-        "devices": backend.devices(),
+        "devices": devices.devices(),
         "machine_id": machine["id"],
         "models_dir": str(folder),
         "models": [{"file": p.name, "size_bytes": p.stat().st_size} for p in found],

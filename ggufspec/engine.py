@@ -18,7 +18,8 @@ from typing import Iterator
 import numpy as np
 
 from .auto import AutoDrafter
-from .backend import Closing, Context, Model, set_verbose
+from .backend import Closing, Context, Model
+from .runtime import set_verbose
 from .compat import check_compatible
 from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import Drafter, LookupDrafter, ModelDrafter
@@ -26,7 +27,7 @@ from .errors import GGUFSpecError
 from .generation import Chunk, Generation, GenerationSettings, Result, resolve_settings
 from .measure import costs_for
 from .prompts import check_messages
-from .rpc import placement
+from .rpc import devices_for
 from .system import check_threads
 from .verification import Verification
 
@@ -55,7 +56,7 @@ class Engine(Closing):
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = None
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
         # spreads over them and the draft stays on this machine.
-        target_devices, draft_devices = placement(rpc, devices, draft_devices)
+        target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
         try:
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
@@ -83,7 +84,7 @@ class Engine(Closing):
         kw = {} if tie_margin is None else {"tie_margin": tie_margin}
         return Verification.of(self.costs, exact, **kw)
 
-    def placement(self) -> dict:
+    def weights(self) -> dict:
         """Where llama.cpp put each model's weights, as it reported it: {role: {buffer: MiB}}."""
         out = {"target": self.target_model.buffers}
         if self.draft_model is not None:

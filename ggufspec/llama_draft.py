@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import Context, LlamaDraftModel, LlamaModel, Model
+from .backend import Context, LlamaModel, Model
+from .runtime import LlamaDraftModel
 from .core import LLAMA_MODES, Draft, Round
 from .drafters import LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError

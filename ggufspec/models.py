@@ -91,11 +91,11 @@ def open_engine(o: LoadOptions):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults)."""
     from .engine import Engine
     from .offload import resolve_layers
-    from .rpc import budgets, placement
+    from .rpc import budgets, devices_for
 
     target, draft, defaults = resolve_models(o.pair, o.target, o.draft, registry=o.registry, offline=o.offline,
                                              use_default=o.use_default)
-    target_devices, draft_devices = placement(o.rpc, o.devices, o.draft_devices)
+    target_devices, draft_devices = devices_for(o.rpc, o.devices, o.draft_devices)
     # The planner's budgets: the free memory of the devices each model may use (none named: any GPU found).
     planned = {}
     if target_devices is not None:
@@ -122,11 +122,11 @@ def plan_offload(pair: str | None, target: str | None, draft: str | None, *, reg
     entries. With RPC servers: the target over their devices (split as llama.cpp splits it), the draft
     on this machine's own GPUs."""
     from .offload import detect_vram, plan, sizes_for
-    from .rpc import budgets, placement
+    from .rpc import budgets, devices_for
 
     devices = draft_vram = None
     if rpc:
-        devices, draft_vram = budgets(*placement(rpc))
+        devices, draft_vram = budgets(*devices_for(rpc))
     if vram_bytes is None:
         vram_bytes = sum(devices.values()) if devices else detect_vram()
     reg = load_registry(registry)

@@ -11,12 +11,13 @@ middle of a run in one line. llama.cpp's RPC has no authentication or encryption
 
 from __future__ import annotations
 
-import ctypes
 import re
 import socket
 import struct
 
-from . import backend
+from . import devices as ggml_devices
+from .backend import default_threads
+from .runtime import llama_cpp_version, supports_rpc
 from .errors import GGUFSpecError
 
 DEFAULT_PORT = 50052
@@ -73,7 +74,7 @@ def probe(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     if major != PROTO_MAJOR:
         raise GGUFSpecError(f"--rpc {endpoint}: the server speaks RPC protocol {major}.{minor}.{patch}, this build "
                             f"{PROTO_MAJOR}.x; run a server from the same llama.cpp release (llama-cpp-python "
-                            f"{backend.llama_cpp_version()})")
+                            f"{llama_cpp_version()})")
     return major, minor, patch
 
 
@@ -88,55 +89,42 @@ def _recv(s: socket.socket, n: int) -> bytes:
 
 
 def add_servers(endpoints) -> list[str]:
-    """Register RPC servers with llama.cpp (once per process each); their device names, in order."""
-    if not backend.supports_rpc():
+    """Probe and register RPC servers with llama.cpp (once per process each); their device names, in order."""
+    if not supports_rpc():
         raise GGUFSpecError(NO_RPC_BUILD)
-    lib = backend.ggml()
     names = []
     for endpoint in parse_endpoints(endpoints):
         if endpoint not in _added:
             probe(endpoint)
-            reg_rpc = lib.ggml_backend_reg_by_name(b"RPC")
-            address = lib.ggml_backend_reg_get_proc_address(reg_rpc, b"ggml_backend_rpc_add_server") if reg_rpc else None
-            if not address:
+            added = ggml_devices.rpc_add_server(endpoint)
+            if added is None:
                 raise GGUFSpecError(NO_RPC_BUILD)
-            add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
-            reg = add(endpoint.encode())
-            if not reg:
+            if not added:
                 raise GGUFSpecError(f"--rpc {endpoint}: the server offers no device")
-            lib.ggml_backend_register(reg)
-            _added[endpoint] = [lib.ggml_backend_dev_name(lib.ggml_backend_reg_dev_get(reg, i)).decode()
-                                for i in range(lib.ggml_backend_reg_dev_count(reg))]
+            _added[endpoint] = added
         names += _added[endpoint]
     return names
 
 
 def local_accelerators() -> list[str]:
     """This machine's own GPUs and accelerators (not the CPU, not RPC devices): where a draft may go."""
-    return [d["name"] for d in backend.devices() if d["type"] not in ("CPU", "RPC")]
+    return [d["name"] for d in ggml_devices.devices() if d["type"] not in ("CPU", "RPC")]
 
 
 def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, threads: int | None = None,
           cache_dir: str | None = None) -> None:
     """Run llama.cpp's RPC server on this machine's CPU until the process ends."""
-    if not backend.supports_rpc():
+    entry = ggml_devices.rpc_server_entry() if supports_rpc() else None
+    if entry is None:
         raise GGUFSpecError(NO_RPC_BUILD)
-    lib, cpu = backend.ggml(), backend.cpu_device()
-    reg_rpc = lib.ggml_backend_reg_by_name(b"RPC")
-    address = lib.ggml_backend_reg_get_proc_address(reg_rpc, b"ggml_backend_rpc_start_server") if reg_rpc else None
-    if not cpu or not address:
-        raise GGUFSpecError(NO_RPC_BUILD)
+    start, cpu_only = entry
     with socket.socket() as s:  # fail in one line where llama.cpp would print and return
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
             raise GGUFSpecError(f"rpc-server: cannot listen on {host}:{port} ({e.strerror or e})") from None
-    start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                             ctypes.POINTER(ctypes.c_void_p))(address)
-    devices = (ctypes.c_void_p * 2)(cpu, None)
-    start(f"{host}:{port}".encode(), cache_dir.encode() if cache_dir else None, threads or backend.default_threads(), 1,
-          devices)
+    start(f"{host}:{port}".encode(), cache_dir.encode() if cache_dir else None, threads or default_threads(), 1, cpu_only)
 
 
 def parse_devices(value) -> list[str]:
@@ -145,25 +133,31 @@ def parse_devices(value) -> list[str]:
     return [] if list(items) in (["none"], []) else list(items)
 
 
-def placement(rpc=None, devices=None, draft_devices=None) -> tuple[list[str] | None, list[str] | None]:
-    """(target's devices, draft's devices); None is llama.cpp's default (every device).
+def choose_devices(remote: list[str], local: list[str], devices=None, draft_devices=None,
+                   ) -> tuple[list[str] | None, list[str] | None]:
+    """(target's devices, draft's devices) from the registered RPC servers' devices (`add_servers`) and
+    this machine's accelerators; None is llama.cpp's default (every device).
 
     With RPC servers, by default the target spreads over them (and this machine's GPUs, as
     llama.cpp's --rpc does) while the draft stays on this machine: a draft step is latency-bound,
     and over the network every step pays round trips."""
-    remote = add_servers(rpc) if rpc else []
-    local = local_accelerators() if rpc else []
-    target = parse_devices(devices) if devices is not None else (remote + local if rpc else None)
-    draft = parse_devices(draft_devices) if draft_devices is not None else (local if rpc else None)
+    target = parse_devices(devices) if devices is not None else (remote + local if remote else None)
+    draft = parse_devices(draft_devices) if draft_devices is not None else (local if remote else None)
     return target, draft
+
+
+def devices_for(rpc=None, devices=None, draft_devices=None) -> tuple[list[str] | None, list[str] | None]:
+    """Register the RPC servers named (`add_servers`), then `choose_devices` for target and draft."""
+    remote = add_servers(rpc) if rpc else []
+    return choose_devices(remote, local_accelerators() if rpc else [], devices, draft_devices)
 
 
 def free_memory(names: list[str]) -> dict[str, int]:
     """Free bytes of each named device, as llama.cpp reports it."""
-    by_name = {d["name"]: d["free_bytes"] for d in backend.devices()}
+    by_name = {d["name"]: d["free_bytes"] for d in ggml_devices.devices()}
     return {n: by_name.get(n, 0) for n in names}
 
 
 def budgets(target_devices: list[str], draft_devices: list[str] | None) -> tuple[dict[str, int], int]:
-    """The planner's budgets for a placement: free bytes by target device, and the draft's devices' together."""
+    """The planner's budgets for these devices: free bytes by target device, and the draft's devices' together."""
     return free_memory(target_devices), sum(free_memory(draft_devices or []).values())

@@ -28,7 +28,7 @@ from ggufspec.offload import detect_vram, parse_size, plan, sizes_for, total_ram
 from ggufspec.paths import user_registry
 from ggufspec.prompts import load_suite
 from ggufspec.registry import load_registry, save_pair_defaults
-from ggufspec.rpc import budgets, placement
+from ggufspec.rpc import budgets, devices_for
 from ggufspec.report import table
 
 
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         draft_max = tuple(int(x) for x in a.draft_max.split(","))
         existing = a.registry if a.registry and Path(a.registry).exists() else None  # --write may create it
         target, draft, defaults = resolve_models(a.pair, a.target, a.draft, registry=existing, use_default=True)
-        t_devices, d_devices = placement(a.rpc)
+        t_devices, d_devices = devices_for(a.rpc)
         free, d_vram = budgets(t_devices, d_devices) if a.rpc else ({}, None)
         vram = parse_size(a.vram) if a.vram else sum(free.values()) if a.rpc else detect_vram()
         t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None

@@ -345,7 +345,7 @@ def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
     """The signal arrives while llama.cpp is loading (sent from inside its log callback, where Python
     runs signal handlers during a load): the load stops and KeyboardInterrupt comes out of Model(),
     nothing is printed as ignored."""
-    from ggufspec import backend
+    from ggufspec import backend, runtime
 
     class Trap(list):
         def append(self, line):
@@ -353,13 +353,15 @@ def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
                 os.kill(os.getpid(), signal.SIGINT)
             super().append(line)
 
-    class State(dict):
-        def __setitem__(self, key, value):
-            super().__setitem__(key, Trap() if key == "capture" and type(value) is list else value)
+    class TrappedRuntime(runtime.Runtime):
+        def __setattr__(self, key, value):
+            super().__setattr__(key, Trap() if key == "capture" and type(value) is list else value)
 
+    trapped = TrappedRuntime()
+    trapped.started = True
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    monkeypatch.setattr(backend, "_state", State(backend._state))
+    monkeypatch.setattr(runtime, "RUNTIME", trapped)
     with pytest.raises(KeyboardInterrupt):
         backend.Model(tiny["target"])
     assert unraisable == []

@@ -218,7 +218,7 @@ def test_a_server_killed_in_the_middle_of_a_generation(tiny, form):
 
 
 def test_a_build_without_rpc(tiny, monkeypatch):
-    monkeypatch.setattr(backend, "supports_rpc", lambda: False)
+    monkeypatch.setattr(rpc, "supports_rpc", lambda: False)
     r = CliRunner().invoke(cli, ["generate", "-m", str(tiny["target"]), "-p", "hi", "--rpc", "127.0.0.1:50052"])
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.exit_code == 1 and len(lines) == 1 and "built without llama.cpp's RPC backend" in lines[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufspec import backend, measure as costs, system
+from ggufspec import backend, measure as costs, runtime, system
 from ggufspec.cli import cli
 
 # As llama_print_system_info() prints them: this CPU (AVX-512, no AMX), a Sapphire Rapids
@@ -70,7 +70,7 @@ def test_gpu_present_with_a_cpu_only_build():
 def test_this_machine_is_described_by_what_it_reports():
     m = backend.machine()
     assert m["summary"]["cpu"] == system.cpu_model()
-    assert set(features(backend.system_info())) <= set(m["summary"]["features"])
+    assert set(features(runtime.system_info())) <= set(m["summary"]["features"])
     assert any(d.startswith("CPU") for d in m["summary"]["devices"])
     other = system.describe("Another CPU", m["summary"]["features"], [], m["summary"]["llama_cpp"])
     assert other["id"] != m["id"]
@@ -140,8 +140,12 @@ def test_which_weights_are_repacked_by_hand_where_amx_is_avoided():
 
 def pretend_amx(monkeypatch):
     """This process as a native build on an AMX CPU would see itself (the decision's inputs)."""
-    monkeypatch.setattr(backend, "build_features", lambda: features(AMX))
-    monkeypatch.setattr(backend, "cpu_buffer_types", lambda: ["AMX", "CPU_REPACK"])
+    from ggufspec import amx, devices
+
+    for module in (amx, runtime):
+        monkeypatch.setattr(module, "build_features", lambda: features(AMX))
+    for module in (amx, devices):
+        monkeypatch.setattr(module, "cpu_buffer_types", lambda: ["AMX", "CPU_REPACK"])
 
 
 def test_an_amx_build_loads_models_amx_would_not_touch(tiny, monkeypatch):

@@ -1,0 +1,140 @@
+"""llama.cpp in this process: the one importer of `llama_cpp`, its backend started once, its log
+routed through ggufspec (shown with --verbose), and model loads that a Ctrl-C can stop.
+
+llama.cpp's log callback and backend are process-wide, so the little state they need lives in one
+object, `RUNTIME`, whose fields say what each is for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import sys
+import threading
+
+import llama_cpp as C
+from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: F401 (ggufspec.llama_draft's base class)
+
+from . import system
+
+
+class Runtime:
+    """What llama.cpp's process-wide callbacks read: whether to show its log, the lines of a load
+    being captured, and whether a signal asked the running load to stop."""
+
+    def __init__(self):
+        self.verbose = False
+        self.started = False
+        self.warned: set[str] = set()  # warnings said once a process
+        self.capture: list[str] | None = None  # log lines of the model load under way
+        self.interrupted = False  # a signal came during a load: the progress callback stops it
+        self.lock = threading.Lock()  # one model load (one capture) at a time
+
+
+RUNTIME = Runtime()
+
+
+@C.llama_log_callback
+def _log_callback(level, text, user_data):
+    # llama.cpp talks a lot while loading; we show it only with --verbose (and read what we need).
+    line = text.decode("utf-8", errors="replace")
+    if RUNTIME.capture is not None:
+        RUNTIME.capture.append(line)
+    if RUNTIME.verbose:
+        sys.stderr.write(line)
+
+
+@C.llama_progress_callback
+def _load_progress(progress, user_data):
+    """Returning False aborts llama.cpp's model load (see `_interruptible`)."""
+    return not RUNTIME.interrupted
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Ctrl-C (or SIGTERM) during a model load. Python runs a signal handler at the next bytecode,
+    which during a load is inside one of llama.cpp's callbacks, where a KeyboardInterrupt would be
+    printed and lost ("Exception ignored") and the load would go on. So while loading, the signal
+    only sets a flag; the progress callback then stops the load, and once llama.cpp has returned the
+    signal is raised again for the handler it was meant for. (Outside the main thread signals cannot
+    be handled here: the usual handlers stay.)"""
+    RUNTIME.interrupted = False
+    came: list[int] = []
+
+    def note(signum, frame):
+        came.append(signum)
+        RUNTIME.interrupted = True
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, note)
+    except ValueError:
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        RUNTIME.interrupted = False
+        if came:
+            signal.raise_signal(came[0])
+
+
+def load_model(path: str, params) -> tuple[int | None, list[str]]:
+    """llama_model_load_from_file, stoppable by a signal; (the model handle or None, llama.cpp's log lines)."""
+    init()
+    params.progress_callback = _load_progress
+    with RUNTIME.lock:
+        RUNTIME.capture = []
+        try:
+            with _interruptible():  # a signal meanwhile stops the load and is raised again on leaving
+                model = C.llama_model_load_from_file(path.encode(), params)
+                if RUNTIME.interrupted and model:
+                    C.llama_model_free(model)
+                    model = None
+        finally:
+            log, RUNTIME.capture = RUNTIME.capture, None
+    return model, log
+
+
+def warn_once(message: str) -> None:
+    if message not in RUNTIME.warned:
+        RUNTIME.warned.add(message)
+        print(message, file=sys.stderr)
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show (True) or hide (False) llama.cpp's own log output."""
+    RUNTIME.verbose = bool(verbose)
+
+
+def init() -> None:
+    """Start llama.cpp's backend once, its log routed through ggufspec's (shown with --verbose)."""
+    with RUNTIME.lock:
+        if not RUNTIME.started:
+            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            C.llama_backend_init()
+            RUNTIME.started = True
+
+
+def llama_cpp_version() -> str:
+    return getattr(C, "__version__", "unknown")
+
+
+def system_info() -> str:
+    """llama.cpp's own account of the build: "CPU : SSE3 = 1 | AVX = 1 | ..." per backend."""
+    init()
+    return C.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def supports_rpc() -> bool:
+    return bool(C.llama_supports_rpc())
+
+
+def build_features() -> list[str]:
+    features = system.build_features(system.parse_system_info(system_info()))
+    if supports_rpc():
+        features.append("RPC")
+    return features
