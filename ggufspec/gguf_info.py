@@ -80,6 +80,57 @@ def check_file(path: str | os.PathLike) -> Path:
     return p
 
 
+class _Reader:
+    """Little-endian GGUF values from a buffer, at a moving position: scalars and strings kept,
+    arrays of strings skipped but counted, small numeric arrays kept."""
+
+    def __init__(self, m):
+        import struct
+
+        from gguf import GGUFValueType as VT
+
+        self.m, self.pos, self.struct, self.VT = m, 0, struct, VT
+        self.scalar = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",
+                       VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q", VT.FLOAT64: "<d"}
+
+    def take(self, fmt: str):
+        v = self.struct.unpack_from(fmt, self.m, self.pos)[0]
+        self.pos += self.struct.calcsize(fmt)
+        return v
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.m):
+            raise ValueError("string runs past the end of the file")
+        v = bytes(self.m[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return v
+
+    def value(self, vtype: int):
+        VT = self.VT
+        vtype = VT(vtype)
+        if vtype == VT.STRING:
+            return self.string()
+        if vtype != VT.ARRAY:
+            return self.take(self.scalar[vtype])
+        etype, count = VT(self.take("<I")), self.take("<Q")
+        if etype == VT.STRING:
+            for _ in range(count):
+                n = self.take("<Q")  # (not `pos += take()`: that adds to the position before the take)
+                self.pos += n
+            return count
+        if etype == VT.ARRAY:
+            raise ValueError("nested arrays are not supported")
+        fmt = self.scalar[etype]
+        size = self.struct.calcsize(fmt)
+        if count <= 4096:  # small arrays (per-layer head counts) are worth keeping
+            vals = list(self.struct.unpack_from("<" + fmt[1] * count, self.m, self.pos))
+            self.pos += size * count
+            return vals
+        self.pos += size * count
+        return count
+
+
 class _Header:
     """A fast walk over a GGUF header: scalar/string values kept, arrays skipped but counted.
 
@@ -89,78 +140,39 @@ class _Header:
 
     def __init__(self, path: Path):
         import mmap
-        import struct
 
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType as VT
+        from gguf import GGUFValueType as VT
 
         self.fields: dict[str, object] = {}
         self.array_lengths: dict[str, int] = {}
         self.tensors: list[TensorInfo] = []
-        scalar = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",
-                  VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q", VT.FLOAT64: "<d"}
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            pos = 0
-
-            def take(fmt):
-                nonlocal pos
-                v = struct.unpack_from(fmt, m, pos)[0]
-                pos += struct.calcsize(fmt)
-                return v
-
-            def string():
-                nonlocal pos
-                n = take("<Q")
-                if pos + n > len(m):
-                    raise ValueError("string runs past the end of the file")
-                v = bytes(m[pos:pos + n]).decode("utf-8", errors="replace")
-                pos += n
-                return v
-
-            def value(vtype, keep=True):
-                nonlocal pos
-                vtype = VT(vtype)
-                if vtype == VT.STRING:
-                    return string()
-                if vtype == VT.ARRAY:
-                    etype, count = VT(take("<I")), take("<Q")
-                    if etype == VT.STRING:
-                        for _ in range(count):
-                            n = take("<Q")
-                            pos += n
-                        return count
-                    if etype == VT.ARRAY:
-                        raise ValueError("nested arrays are not supported")
-                    size = struct.calcsize(scalar[etype])
-                    if keep and count <= 4096:  # small arrays (per-layer head counts) are worth keeping
-                        vals = list(struct.unpack_from("<" + scalar[etype][1] * count, m, pos))
-                        pos += size * count
-                        return vals
-                    pos += size * count
-                    return count
-                return take(scalar[vtype])
-
-            if take("<4s") != GGUF_MAGIC:
+            r = _Reader(m)
+            if r.take("<4s") != GGUF_MAGIC:
                 raise ValueError("bad magic")
-            self.version = take("<I")
+            self.version = r.take("<I")
             if self.version < 2:
                 raise ValueError(f"GGUF version {self.version} is too old")
-            n_tensors, n_kv = take("<Q"), take("<Q")
+            n_tensors, n_kv = r.take("<Q"), r.take("<Q")
             for _ in range(n_kv):
-                key = string()
-                vtype = take("<I")
-                v = value(vtype)
+                key = r.string()
+                vtype = r.take("<I")
+                v = r.value(vtype)
                 if VT(vtype) == VT.ARRAY and isinstance(v, int):
                     self.array_lengths[key] = v
                 self.fields[key] = v
             infos = []
             for _ in range(n_tensors):
-                name = string()
-                dims = tuple(take("<Q") for _ in range(take("<I")))
-                ttype, offset = take("<I"), take("<Q")
-                infos.append((name, dims, ttype, offset))
+                name = r.string()
+                dims = tuple(r.take("<Q") for _ in range(r.take("<I")))
+                infos.append((name, dims, r.take("<I"), r.take("<Q")))
             align = int(self.fields.get("general.alignment", 32))
-            data_start = (pos + align - 1) // align * align
-            size = len(m)
+            self._tensors(infos, (r.pos + align - 1) // align * align, len(m))
+
+    def _tensors(self, infos, data_start: int, size: int) -> None:
+        """Each tensor's type and size, checked to lie within the file."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
         for name, dims, ttype, offset in infos:
             qtype = GGMLQuantizationType(ttype)
             block, type_size = GGML_QUANT_SIZES[qtype]

@@ -49,7 +49,7 @@ class GGUFDraftModel(LlamaDraftModel):
                  n_batch: int = 512, n_gpu_layers: int = 0, n_threads: int | None = None, exact: bool | None = None,
                  registry=None, offline: bool = False):
         from .compat import check_compatible
-        from .models import load_registry, resolve_model
+        from .service import load_registry, resolve_model
 
         if mode not in LLAMA_MODES:
             raise GGUFSpecError(f"mode must be one of {', '.join(LLAMA_MODES)} (got {mode!r})")

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import functools
+import sys
+
 import click
 
 from .errors import GGUFSpecError
 from .sampling import SAMPLING_RULES
+
+
+def user_errors(fn):
+    """Turn a GGUFSpecError into one line on stderr and exit 1; Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GGUFSpecError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
 
 
 class Layers(click.ParamType):
@@ -102,7 +121,7 @@ def sampling_options(fn):
     ])
 
 
-SETTING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode",
+GENERATION_OPTIONS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min", "draft_p_min", "mode",
                 "ignore_eos", "exact", "sampling_rule", "lookup_max")
 
 # llama.cpp's --spec-type names (common/speculative.cpp) and the --mode that means the same here.
@@ -133,10 +152,10 @@ def mode_for_spec_type(value: str) -> str:
 
 def split_options(options: dict, **load_extra):
     """(LoadOptions, the generation settings given, --draft-max as typed) from click's options."""
-    from .models import LoadOptions
+    from .service import LoadOptions
 
     load = LoadOptions(**{k: options[k] for k in LOAD_KEYS if k in options}, **load_extra)
-    given = {k: options[k] for k in SETTING_KEYS if options.get(k) is not None}
+    given = {k: options[k] for k in GENERATION_OPTIONS if options.get(k) is not None}
     if options.get("spec_type") is not None:
         mode = mode_for_spec_type(options["spec_type"])
         if given.get("mode", mode) != mode:

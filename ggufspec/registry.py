@@ -102,7 +102,7 @@ class Registry:
         raise UnknownName(_unknown("pair", name, self.pairs))
 
 
-SETTING_KEYS = ("draft_max", "draft_min", "draft_p_min", "temperature", "top_k", "top_p", "min_p", "mode")
+PAIR_SETTING_KEYS = ("draft_max", "draft_min", "draft_p_min", "temperature", "top_k", "top_p", "min_p", "mode")
 
 
 def _unknown(kind: str, name: str, known) -> str:
@@ -170,7 +170,7 @@ def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
             raise GGUFSpecError(f"{where}: [pairs.{name}] lacks `{key}`")
         if d[key] not in models and not d[key].endswith(".gguf"):
             raise GGUFSpecError(f"{where}: [pairs.{name}] {key} = {d[key]!r} is not a model in the registry")
-    settings = {k: d[k] for k in SETTING_KEYS if k in d}
+    settings = {k: d[k] for k in PAIR_SETTING_KEYS if k in d}
     return PairSpec(name, d["target"], d["draft"], d.get("note", ""), settings,
                     d.get("n_gpu_layers"), d.get("draft_n_gpu_layers"))
 

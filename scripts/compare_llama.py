@@ -20,7 +20,7 @@ from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from ggufspec import Engine, GGUFDraftModel
-from ggufspec.models import resolve_models
+from ggufspec.service import resolve_models
 from ggufspec.prompts import load_suite
 from ggufspec.report import table
 

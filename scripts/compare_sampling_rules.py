@@ -18,7 +18,7 @@ from collections import defaultdict
 from ggufspec.bench import prompt_tokens
 from ggufspec.engine import Engine
 from ggufspec.errors import GGUFSpecError
-from ggufspec.models import resolve_models
+from ggufspec.service import resolve_models
 from ggufspec.prompts import load_suite
 from ggufspec.report import table
 from ggufspec.system import cpu_model

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ggufspec.engine import Engine
 from ggufspec.errors import GGUFSpecError
-from ggufspec.models import resolve_models
+from ggufspec.service import resolve_models
 from ggufspec.reference import llama_bench
 
 

@@ -20,7 +20,7 @@ from ggufspec.prompts import load_suite
 from ggufspec.drafters import LookupDrafter
 from ggufspec.engine import Engine
 from ggufspec.errors import GGUFSpecError
-from ggufspec.models import resolve_models
+from ggufspec.service import resolve_models
 from ggufspec.report import table
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ggufspec import Engine
-from ggufspec.models import resolve_models
+from ggufspec.service import resolve_models
 from ggufspec.report import table
 
 SOURCE = Path(__file__).resolve().parent.parent / "ggufspec" / "speculative.py"

@@ -23,7 +23,7 @@ from ggufspec import bench as B
 from ggufspec.backend import supports_gpu_offload
 from ggufspec.engine import Engine
 from ggufspec.errors import GGUFSpecError
-from ggufspec.models import resolve_models
+from ggufspec.service import resolve_models
 from ggufspec.offload import detect_vram, parse_size, plan, sizes_for, total_ram
 from ggufspec.paths import user_registry
 from ggufspec.prompts import load_suite

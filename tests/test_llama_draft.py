@@ -178,6 +178,8 @@ def test_600_greedy_tokens_of_the_real_pair_are_llamas_own():
     def run(draft):
         llm = Llama(model_path=str(target), n_ctx=2048, n_threads=1, n_threads_batch=1, flash_attn=True,
                     draft_model=draft, verbose=False)
+        if draft is not None:
+            draft.attach(llm)  # measured in this Llama's own context: flash attention on, one thread
         bias = {t: -1000.0 for t in {llm.token_eos(), *llm.tokenize(b"<|im_end|><|endoftext|>", add_bos=False, special=True)}}
         completion = llm.create_completion("def quicksort(a):", max_tokens=600, temperature=0, logit_bias=bias)
         chat = llm.create_chat_completion([{"role": "user", "content": "Explain how a hash map works, with an example in Python."}],
@@ -188,8 +190,8 @@ def test_600_greedy_tokens_of_the_real_pair_are_llamas_own():
 
     plain = run(None)
     draft = GGUFDraftModel(draft_path, target=target, mode="draft", n_threads=1)
-    assert draft.costs.exact_batch >= 2 and draft.num_pred_tokens == min(4, draft.costs.exact_batch - 1)
     spec = run(draft)
+    assert draft.costs.exact_batch >= 2 and draft.num_pred_tokens == min(4, draft.costs.exact_batch - 1)
     assert spec == plain
     assert draft.stats["drafted"] > 500 and draft.acceptance_rate > 0.5  # hundreds of rounds, many rewinds
     assert draft.stats["drafted"] - draft.stats["accepted"] > 100

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from ggufspec.cli import cli
 from ggufspec.errors import GGUFSpecError
-from ggufspec.models import resolve_models
+from ggufspec.service import resolve_models
 from ggufspec.registry import BUILTIN, UnknownName, load_registry
 
 SEED_PAIRS = ["llama-3.1-8b-instruct", "llama-3-70b-instruct", "llama-2-13b-chat", "gemma-7b-it", "llama-2-13b"]
