@@ -89,8 +89,8 @@ def test_near_ties_in_a_drifting_batch_are_settled_one_token_at_a_time():
 
 
 def _first_two_exact(target, prompt, params):
-    """The exact joint distribution of the two tokens after the first generated one is fixed... here:
-    of generated tokens 2 and 3 given the prompt and token 1 = the argmax (sampling starts at round 2)."""
+    """The exact joint distribution of the first three generated tokens given the prompt, from the
+    target's own rows (the first is drawn from the prompt's row, the next two by speculation)."""
     target.start(prompt)
     first = target.decode(prompt, logits="last")[0]
     p1 = probs_from_logits(first, params)
@@ -107,23 +107,57 @@ def _first_two_exact(target, prompt, params):
     return joint
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5, top_p=0.9)])
-def test_rejection_sampling_follows_the_targets_distribution(params):
-    """Leviathan's rule with a draft that disagrees often: the first three tokens follow p (chi-square).
-    Negative control: the draft's own distribution is told apart."""
+def _sample_three(target, draft_model, params, n, rule):
+    counts = np.zeros(target.n_vocab ** 3)
+    draft = ModelDrafter(draft_model)
+    for seed in range(n):
+        noise = PositionNoise(seed, target.n_vocab) if rule == "coupled" else None
+        out, _ = generate(target, draft, n=3, draft_max=2, params=params, seed=seed, prompt=[1, 2], noise=noise)
+        counts[np.ravel_multi_index(out[:3], (target.n_vocab,) * 3)] += 1
+    return counts
+
+
+def _letters():
     target = FakeTarget(n_vocab=6, seed=4, scale=1.0)
-    draft_model = target.like(9, 1.0)
+    return target, target.like(9, 1.0)
+
+
+@pytest.mark.parametrize("rule", ["rejection", "coupled"])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5, top_p=0.9)])
+def test_sampled_output_follows_the_targets_distribution(params, rule):
+    """With a draft that disagrees often, the first three tokens follow p (chi-square), under
+    Leviathan's rule and the coupled one. Negative control: the draft's own distribution is told apart."""
+    target, draft_model = _letters()
     p = _first_two_exact(target, [1, 2], params).ravel()
     q = _first_two_exact(draft_model, [1, 2], params).ravel()
-    counts = np.zeros_like(p)
-    draft = ModelDrafter(draft_model)
-    for seed in range(4000):
-        out, _ = generate(target, draft, n=3, draft_max=2, params=params, seed=seed, prompt=[1, 2])
-        counts[np.ravel_multi_index(out[:3], (6, 6, 6))] += 1
+    counts = _sample_three(target, draft_model, params, 4000, rule)
     stat, df = _chi2(counts, p)
     assert stat < _chi2_critical(df), f"chi2 {stat:.1f} on {df} df"
     stat_q, df_q = _chi2(counts, q)
     assert stat_q > _chi2_critical(df_q), "the test cannot tell p from q: it has no power"
+
+
+def test_the_distribution_test_catches_a_wrong_acceptance_rule(monkeypatch):
+    """Accepting every draft (a classic bug) fails the same test: it has power."""
+    import ggufspec.speculative as speculative
+    from ggufspec.sampling import sample
+
+    monkeypatch.setattr(speculative, "verify", lambda drafts, q, p, rng: (len(drafts), sample(p[len(drafts)], rng)))
+    target, draft_model = _letters()
+    params = SamplingParams(temperature=1.0)
+    stat, df = _chi2(_sample_three(target, draft_model, params, 4000, "rejection"),
+                     _first_two_exact(target, [1, 2], params).ravel())
+    assert stat > _chi2_critical(df)
+
+
+def test_the_distribution_test_catches_noise_that_is_not_gumbel(monkeypatch):
+    """argmax(log p + noise) is a sample of p only for Gumbel noise: uniform noise must fail."""
+    monkeypatch.setattr(PositionNoise, "at", lambda self, t: np.random.default_rng([self.seed, t]).random(self.n_vocab))
+    target, draft_model = _letters()
+    params = SamplingParams(temperature=1.0)
+    stat, df = _chi2(_sample_three(target, draft_model, params, 4000, "coupled"),
+                     _first_two_exact(target, [1, 2], params).ravel())
+    assert stat > _chi2_critical(df)
 
 
 def test_with_a_seed_the_coupled_rule_writes_the_targets_own_text():

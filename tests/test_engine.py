@@ -191,8 +191,11 @@ def letters_pair(tiny):
         yield e
 
 
+# The rules and their negative controls run in milliseconds on a numpy target (tests/test_core.py);
+# here on llama.cpp's own logits, the filtered case and the controls in the slow tier.
 @pytest.mark.parametrize("rule", ["rejection", "coupled"])
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=8)])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
+                                    pytest.param(SamplingParams(temperature=0.8, top_k=8), marks=pytest.mark.slow)])
 def test_sampled_speculative_follows_target_distribution(letters_pair, params, rule):
     e = letters_pair
     prompt = [1, 5, 6]
@@ -205,6 +208,7 @@ def test_sampled_speculative_follows_target_distribution(letters_pair, params, r
     assert stat_q > 3 * _chi2_critical(df_q), "the draft is too close to the target for this test to mean anything"
 
 
+@pytest.mark.slow
 def test_distribution_test_catches_a_wrong_acceptance_rule(letters_pair, monkeypatch):
     """Accepting every draft (a classic bug) must fail the same test: it has power."""
 
@@ -219,6 +223,7 @@ def test_distribution_test_catches_a_wrong_acceptance_rule(letters_pair, monkeyp
     assert stat > _chi2_critical(df)
 
 
+@pytest.mark.slow
 def test_distribution_test_catches_noise_that_is_not_gumbel(letters_pair, monkeypatch):
     """The coupled rule's negative control: argmax(log p + noise) is a sample of p only for Gumbel
     noise; with uniform noise (a plausible slip) the same test must fail."""
