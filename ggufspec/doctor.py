@@ -8,6 +8,7 @@ import sys
 from . import backend, devices, runtime, system
 from .costs import Costs
 from .measure import bad_entries, load_cache
+from .verification import Verification
 from .paths import costs_file, models_dir
 
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
@@ -40,7 +41,7 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
             mine.append({"model": parts[0], "threads": parts[3][1:], "n_gpu_layers": parts[4][3:],
                          "placement": parts[5] if len(parts) > 6 else "default", "target_step_seconds": c.target_token_seconds,
                          "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
-                         "ceiling_speedup": c.ceiling(c.exact_batch if c.exact_batch >= 2 else None)[0],
+                         "ceiling_speedup": Verification.of(c).ceiling()[0],
                          "why": c.why(_quant(parts[0]))})
         else:
             m = entry.get("machine")

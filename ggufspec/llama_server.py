@@ -17,6 +17,7 @@ import atexit
 import os
 import sys
 
+from .core import LLAMA_MODES
 from .errors import GGUFSpecError
 
 
@@ -78,7 +79,7 @@ def install(mode: str = "auto") -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours = argparse.ArgumentParser(add_help=False)
-    ours.add_argument("--draft_mode", "--draft-mode", choices=("auto", "draft", "lookup"), default="auto")
+    ours.add_argument("--draft_mode", "--draft-mode", choices=LLAMA_MODES, default="auto")
     known, rest = ours.parse_known_args(argv)
     named = {a.split("=", 1)[0] for a in rest}
     if not ({"--model", "--config_file"} & named or os.environ.get("MODEL") or os.environ.get("CONFIG_FILE")
