@@ -9,8 +9,6 @@ the target's, and what Leviathan et al.'s formula predicts from the measured alp
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -22,6 +20,7 @@ from .costs import expected_tokens
 from .core import DRAFTING_MODES, MODEL_MODES, MODES, Stats
 from .engine import Engine, GenerationSettings
 from .errors import GGUFSpecError
+from .outputs import check_outputs_dir, save_outputs
 from .prompts import Prompt
 from .sampling import top2_gap
 
@@ -272,41 +271,6 @@ def tps(rs: list[Run]) -> tuple[float, float, float]:
         per_repeat[r.repeat] = (tokens + r.stats.n_timed, seconds + r.stats.generation_seconds)
     values = [t / s for t, s in per_repeat.values() if s > 0] or [0.0]
     return statistics.median(values), min(values), max(values)
-
-
-def check_outputs_dir(folder: str | Path) -> Path:
-    """Make sure the texts can be saved there before anything runs (one line if not)."""
-    folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".ggufspec-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise GGUFSpecError(f"--save-outputs {folder}: cannot write there ({e.strerror}); choose another folder") from None
-    return folder
-
-
-def save_outputs(runs: list[Run], folder: str | Path) -> None:
-    """One Markdown file per prompt with every mode's text under its own heading. Each file is
-    written whole or not at all (a full disk leaves no empty file); a failure is one GGUFSpecError."""
-    folder = check_outputs_dir(folder)
-    by_prompt: dict[Prompt, dict[str, str]] = {}
-    for r in runs:
-        if r.repeat == 0:
-            by_prompt.setdefault(r.prompt, {})[r.config.label] = r.text
-    for prompt, texts in by_prompt.items():
-        parts = [f"# {prompt.label}\n\n## prompt\n\n{prompt.text or json.dumps(list(prompt.messages))}\n"]
-        parts += [f"## {label}\n\n{text}\n" for label, text in texts.items()]
-        path = folder / f"{prompt.label}.md"
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text("\n".join(parts))
-            os.replace(tmp, path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise GGUFSpecError(f"--save-outputs {folder}: could not write {path.name} ({e.strerror}); "
-                                "the results above are complete") from None
 
 
 # --- the whole benchmark -------------------------------------------------------------------

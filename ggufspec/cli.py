@@ -51,8 +51,8 @@ class OneLineErrors(click.Group):
         except click.ClickException as e:
             click.echo(f"Error: {e.format_message()}", err=True)
             sys.exit(e.exit_code)
-        except click.exceptions.Abort:
-            click.echo("Aborted.", err=True)
+        except click.exceptions.Abort:  # a Ctrl-C while click parses the command line: as everywhere else
+            click.echo("interrupted", err=True)
             sys.exit(130)
         if isinstance(rv, int) and rv:
             sys.exit(rv)

@@ -357,6 +357,7 @@ def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
         def __setattr__(self, key, value):
             super().__setattr__(key, Trap() if key == "capture" and type(value) is list else value)
 
+    runtime.init()  # llama.cpp's log goes through ggufspec's callback from here on
     trapped = TrappedRuntime()
     trapped.started = True
     unraisable = []
