@@ -20,7 +20,7 @@ from . import amx, system
 from .devices import descriptions, device_array, devices, supports_gpu_offload
 from .errors import ContextFullError, GGUFSpecError
 from .gguf_info import read_info
-from .runtime import C, build_features, init, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
+from .runtime import C, build_features, init, interruptible, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 # Where llama.cpp put the weights, as its load log says: "load_tensors: CPU_REPACK model buffer size = 1.2 MiB".
@@ -238,7 +238,9 @@ class Context(Closing):
         params.n_threads_batch = int(n_threads)
         params.no_perf = True
         self._owned = True
-        self._ctx = C.llama_init_from_model(model._model, params)
+        # llama.cpp logs while it allocates the KV cache: a signal then would be lost inside the log callback
+        with interruptible():
+            self._ctx = C.llama_init_from_model(model._model, params)
         if not self._ctx:
             raise GGUFSpecError(
                 f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"

@@ -47,13 +47,13 @@ def _log_callback(level, text, user_data):
 
 @C.llama_progress_callback
 def _load_progress(progress, user_data):
-    """Returning False aborts llama.cpp's model load (see `_interruptible`)."""
+    """Returning False aborts llama.cpp's model load (see `interruptible`)."""
     return not RUNTIME.interrupted
 
 
 @contextlib.contextmanager
-def _interruptible():
-    """Ctrl-C (or SIGTERM) during a model load. Python runs a signal handler at the next bytecode,
+def interruptible():
+    """Ctrl-C (or SIGTERM) during a model load or a context's creation. Python runs a signal handler at the next bytecode,
     which during a load is inside one of llama.cpp's callbacks, where a KeyboardInterrupt would be
     printed and lost ("Exception ignored") and the load would go on. So while loading, the signal
     only sets a flag; the progress callback then stops the load, and once llama.cpp has returned the
@@ -89,7 +89,7 @@ def load_model(path: str, params) -> tuple[int | None, list[str]]:
     with RUNTIME.lock:
         RUNTIME.capture = []
         try:
-            with _interruptible():  # a signal meanwhile stops the load and is raised again on leaving
+            with interruptible():  # a signal meanwhile stops the load and is raised again on leaving
                 model = C.llama_model_load_from_file(path.encode(), params)
                 if RUNTIME.interrupted and model:
                     C.llama_model_free(model)

@@ -370,6 +370,28 @@ def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
     backend.Model(tiny["target"]).close()  # and the next load is not affected
 
 
+def test_ctrl_c_while_a_context_is_created_is_not_lost(tiny, monkeypatch):
+    """llama.cpp logs while it allocates a context's KV cache; a signal handled inside that log callback
+    would be printed as ignored and lost (a generation of -n 100000 then runs on). It must come out."""
+    from ggufspec import backend, runtime
+
+    class Trap(list):
+        def append(self, line):
+            if not self:
+                os.kill(os.getpid(), signal.SIGINT)
+            super().append(line)
+
+    runtime.init()
+    unraisable = []
+    with backend.Model(tiny["target"]) as model:
+        monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+        monkeypatch.setattr(runtime.RUNTIME, "capture", Trap())
+        with pytest.raises(KeyboardInterrupt):
+            backend.Context(model, n_ctx=256)
+        monkeypatch.undo()
+    assert unraisable == []
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_the_real_target_loads_is_one_line():
     from conftest import real_model
