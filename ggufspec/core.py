@@ -6,7 +6,7 @@ auto are tested on one in milliseconds (tests/fake.py).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Protocol, Sequence
 
 import numpy as np
@@ -135,16 +135,19 @@ class Stats:
         """One Stats summing several (the benchmark's rows): α, τ and shares come out of the sums."""
         out = cls(mode=stats[0].mode if stats else "target")
         for s in stats:
-            for name in ("n_prompt", "n_reused", "prompt_seconds", "n_generated", "generation_seconds", "rounds",
-                         "n_drafted", "n_accepted", "full_accepts", "draft_seconds", "target_seconds", "ties_settled", "n_timed"):
-                setattr(out, name, getattr(out, name) + getattr(s, name))
-            for source, n in s.rounds_by_source.items():
-                out.rounds_by_source[source] = out.rounds_by_source.get(source, 0) + n
-            for k, n in enumerate(s.accepted_histogram):
-                if k == len(out.accepted_histogram):
-                    out.accepted_histogram.append(0)
-                out.accepted_histogram[k] += n
-            out.tie_gaps.extend(s.tie_gaps)
+            for f in fields(cls):
+                mine, theirs = getattr(out, f.name), getattr(s, f.name)
+                if isinstance(mine, dict):
+                    for key, n in theirs.items():
+                        mine[key] = mine.get(key, 0) + n
+                elif f.name == "accepted_histogram":  # element by element
+                    mine.extend([0] * (len(theirs) - len(mine)))
+                    for k, n in enumerate(theirs):
+                        mine[k] += n
+                elif isinstance(mine, list):
+                    mine.extend(theirs)
+                elif f.name != "mode":
+                    setattr(out, f.name, mine + theirs)
         return out
 
     def to_dict(self) -> dict:

@@ -85,7 +85,7 @@ class GGUFDraftModel(LlamaDraftModel):
         self._pending: Draft | None = None  # the last proposal
         self.stats = {"calls": 0, "drafted": 0, "accepted": 0, "by_source": {}}
 
-    def attach(self, llama, *, measure: bool = True) -> None:
+    def attach(self, llama) -> None:
         """Serve this `llama_cpp.Llama` (call once, before generating; it sets `llama.draft_model` if it
         is not this draft yet). Checks the draft's vocabulary against its model (one GGUFSpecError naming
         the mismatch), sizes the drafts to its vocabulary, and measures (or reads from the cache) what a
@@ -102,19 +102,16 @@ class GGUFDraftModel(LlamaDraftModel):
         if llama.draft_model is not self:  # a draft given after construction: Llama then needs every row's logits
             llama.draft_model, llama._logits_all = self, True
         _make_room_for_logits(llama)
-        if measure:
-            borrowed = Context.of_llama(llama)
-            try:
-                self.costs = costs_for(borrowed, self.ctx)
-            finally:
-                borrowed.close()
-                llama.reset()  # its cache was used for measuring: evaluate the next prompt afresh
+        borrowed = Context.of_llama(llama)
+        try:
+            self.costs = costs_for(borrowed, self.ctx)
+        finally:
+            borrowed.close()
+            llama.reset()  # its cache was used for measuring: evaluate the next prompt afresh
         # Llama verifies [last] + draft in one batch: exact means keeping that batch within the exact size.
         self.verification = Verification.of(self.costs, self._exact)
         self.num_pred_tokens = self.verification.exact_draft_max(0, self.wanted)
         if self.mode == "auto":
-            if self.costs is None:
-                raise GGUFSpecError("mode 'auto' needs the costs measured at attach (attach(llm, measure=True))")
             from .auto import AutoDrafter
             self.drafter = AutoDrafter(Verification.of(self.costs, False), lookup=self.lookup, model=self.model_drafter)
         elif self.mode == "draft":

@@ -80,12 +80,6 @@ class Verification:
 
     # -- what verifying costs -----------------------------------------------------------------
 
-    def seconds(self, n_rows: int, alpha: float, n_past: int | None = None) -> float:
-        """Expected seconds to verify n_rows from n_past cached tokens, as `verify` decodes them:
-        in exact chunks that stop at the first rejection, or in one batch."""
-        n_kv = None if n_past is None else n_past + n_rows
-        return self.costs.verify_seconds(n_rows, self.batch_limit(n_kv), alpha)
-
     def speedup(self, alpha: float, n_draft: int, draft_step: float, n_past: int | None = None) -> float:
         """Expected speed-up over plain decoding of a round drafting n_draft tokens at draft_step
         seconds each, at acceptance rate alpha, from n_past cached tokens."""

@@ -37,11 +37,11 @@ def gpu_like():
 
 
 def test_exact_verify_cost_counts_chunks_reached():
-    v = Verification.of(cpu_like(), True)
-    assert v.seconds(3, 0.9) == pytest.approx(0.093)
-    assert v.seconds(5, 1.0) == pytest.approx(0.093 + 0.070)
-    assert v.seconds(5, 0.5) == pytest.approx(0.093 + 0.5 ** 3 * 0.070)
-    assert Verification.of(cpu_like(), False).seconds(5, 0.5) == pytest.approx(0.150)  # one batch
+    c, v = cpu_like(), Verification.of(cpu_like(), True)
+    assert c.verify_seconds(3, v.batch_limit(), 0.9) == pytest.approx(0.093)
+    assert c.verify_seconds(5, v.batch_limit(), 1.0) == pytest.approx(0.093 + 0.070)
+    assert c.verify_seconds(5, v.batch_limit(), 0.5) == pytest.approx(0.093 + 0.5 ** 3 * 0.070)
+    assert c.verify_seconds(5, Verification.of(c, False).batch_limit(), 0.5) == pytest.approx(0.150)  # one batch
 
 
 def test_draft_model_never_chosen_where_it_cannot_pay():
