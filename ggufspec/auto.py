@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from .core import Draft, Round
-from .costs import MARGIN, Costs
+from .costs import MARGIN, MAX_BATCH, Costs
 from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .sampling import SamplingParams
 from .verification import Verification
@@ -52,8 +52,10 @@ class Estimate:
                 break
 
 
-# (shortest agreement of the bucket, prior alpha) for lookup drafts, by agreement length in tokens.
-LOOKUP_PRIORS = ((1, 0.3), (2, 0.5), (3, 0.7), (4, 0.75), (8, 0.8), (16, 0.85), (32, 0.9))
+# (shortest agreement of the bucket, prior alpha) for lookup drafts, by agreement length in tokens. Short
+# agreements are weak evidence: in code answers, matches agreeing over 2-4 tokens were accepted about a
+# third of the time (the Qwen pair, 128-token answers), so they are tried only where a batch is cheap.
+LOOKUP_PRIORS = ((1, 0.2), (2, 0.3), (3, 0.45), (4, 0.6), (8, 0.8), (16, 0.85), (32, 0.9))
 
 
 def lookup_bucket(agreement: int) -> int:
@@ -84,12 +86,22 @@ class AutoDrafter(Drafter):
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
         # match agrees with the history. A draft model of the same family agrees often.
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
-        self.model_alpha = Estimate(0.7, 4.0)
+        # A draft of the same family agrees often; a light prior, so that a few rounds decide the length.
+        self.model_alpha = Estimate(0.8, 2.0)
+
+    def model_may_pay(self) -> bool:
+        """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
+        if self.model is None or not self._draft_cost:
+            return False
+        longest = min(self.model_max or MAX_BATCH, len(self.costs.target_batch_seconds) - 1)
+        return any(self.verification.speedup(1.0, n, self._draft_cost) > self.margin for n in range(1, longest + 1))
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self.lookup.reset(prompt_tokens)
-        if self.model is not None:  # lazily: the draft catches up only if and when it is used
-            self.model.reset(prompt_tokens, reuse=reuse, lazy=True)
+        if self.model is not None:
+            # With the prompt, as in draft mode, where the model may pay (the prompt's time, not the first
+            # round's); elsewhere lazily: the draft catches up only if and when it is used.
+            self.model.reset(prompt_tokens, reuse=reuse, lazy=not self.model_may_pay())
 
     # -- costs --------------------------------------------------------------------------------
 

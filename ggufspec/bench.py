@@ -19,6 +19,7 @@ import psutil
 from .costs import expected_tokens
 from .core import DRAFTING_MODES, MODEL_MODES, MODES, Stats
 from .engine import Engine, GenerationSettings
+from .generation import DRAFT_MAX
 from .errors import GGUFSpecError
 from .outputs import check_outputs_dir, save_outputs
 from .prompts import Prompt
@@ -55,13 +56,14 @@ class Run:
 @dataclass
 class BenchSettings:
     modes: tuple[str, ...] = ALL_MODES
-    draft_max: tuple[int, ...] = (4,)
+    draft_max: tuple[int, ...] | None = None  # None: draft rows at the pair's length (or DRAFT_MAX), auto unbounded
     max_tokens: int = 64
     repeats: int = 1
     warmup: int = 1
     ignore_eos: bool = True
     generation: dict = field(default_factory=dict)  # temperature, seed, top_k, ... for every run
     reuse_prompt: bool = False  # False: every run evaluates its whole prompt (cold prefill)
+    draft_length: int = DRAFT_MAX  # the draft rows' length without --draft-max values (a pair may recommend one)
 
     @property
     def greedy(self) -> bool:
@@ -81,22 +83,27 @@ class BenchSettings:
         if self.max_tokens < 2:
             raise GGUFSpecError(f"bench -n must be at least 2 (got {self.max_tokens}): the first token comes with the "
                                 "prompt's batch, so tokens per second are timed from the second on")
-        if not self.draft_max or min(self.draft_max) < 1:
+        if self.draft_max is not None and (not self.draft_max or min(self.draft_max) < 1):
             raise GGUFSpecError(f"--draft-max values must be at least 1 (got {self.draft_max})")
         for mode in self.modes:
             if mode not in ALL_MODES:
                 raise GGUFSpecError(f"--modes: unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
-        GenerationSettings(max_tokens=self.max_tokens, draft_max=max(self.draft_max), **self.generation).validate()
+        GenerationSettings(max_tokens=self.max_tokens, draft_max=max(self.draft_max or (DRAFT_MAX,)),
+                           **self.generation).validate()
         return self
 
 
 def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
+    """The rows to run. Without --draft-max values, draft rows draft settings.draft_length tokens (the
+    pair's, or DRAFT_MAX) and auto's row drafts as far as the measured costs say pays."""
     configs = []
     for mode in settings.modes:
         if mode in MODEL_MODES and not has_draft:
             continue
         if mode == "lookup":  # its drafts run to --lookup-max whatever --draft-max says: one row
             configs.append(Config(mode))
+        elif mode in DRAFTING_MODES and settings.draft_max is None:
+            configs.append(Config(mode, None if mode == "auto" else settings.draft_length))
         elif mode in DRAFTING_MODES:
             configs += [Config(mode, n) for n in settings.draft_max]
         else:
@@ -283,12 +290,11 @@ class BenchResult:
     interrupted: bool = False
 
 
-def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str = "all", draft_max_given: bool = True,
+def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str = "all",
               llama_cpp_bin: str | None = None, outputs_dir: str | None = None, progress=None) -> BenchResult:
     """Load the models (once per -ngl value of a sweep), run every configuration, return rows and metadata.
 
     load: a models.LoadOptions; its n_gpu_layers may be a list (a sweep: a row set per value).
-    draft_max_given: False lets a pair's recommended draft length replace settings.draft_max.
     llama_cpp_bin: a folder with llama.cpp's llama-bench and llama-speculative-simple, for reference
     rows on the same work (greedy, fixed length). Ctrl-C keeps the finished runs (interrupted=True).
     """
@@ -301,7 +307,7 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
     rows, meta, interrupted, per_ngl = [], {}, False, []
     for ngl in sweep:
         with_ngl = replace(load, n_gpu_layers=ngl, use_default=True)
-        part, meta, interrupted = _bench_one(with_ngl, prompts, settings, by, draft_max_given, llama_cpp_bin,
+        part, meta, interrupted = _bench_one(with_ngl, prompts, settings, by, llama_cpp_bin,
                                              outputs_dir, progress)
         per_ngl.append({"n_gpu_layers": ngl, **{k: meta[k] for k in ("costs", "exact_batch", "placement")}})
         if len(sweep) > 1:
@@ -330,7 +336,7 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
     return groups, target_tps
 
 
-def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llama_cpp_bin, outputs_dir, progress):
+def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress):
     from .service import open_engine
     from .reference import llama_bench, reference_rows
 
@@ -342,8 +348,8 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
         settings = replace(settings, generation={**pair_settings, **settings.generation})
         if not settings.greedy:
             settings = replace(settings, generation={"seed": 0, **settings.generation})  # sampled runs use fixed seeds
-        if pair_draft_max and not draft_max_given:
-            settings = replace(settings, draft_max=(int(pair_draft_max),))  # the pair's recommended draft length
+        if pair_draft_max:
+            settings = replace(settings, draft_length=int(pair_draft_max))  # the pair's recommended length
         settings.validate()
         before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, settings.max_tokens,
                              engine.target_ctx.n_threads) if llama_cpp_bin else None
@@ -357,7 +363,7 @@ def _bench_one(load, prompts, settings: BenchSettings, by, draft_max_given, llam
         explain_divergences(out, runs, engine)
         if llama_cpp_bin and not interrupted:
             groups, target_tps = _reference_groups(engine, prompts, runs, by)
-            out += reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_max, target_tps,
+            out += reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_max or (settings.draft_length,), target_tps,
                                   llama_bench_before=before)
         outputs_error = None
         if outputs_dir:

@@ -95,7 +95,10 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
     engine, pair_defaults = open_engine(load)
     with engine:
-        settings = {**pair_defaults.get("settings", {}), **settings, **({"stop": tuple(stop)} if stop else {})}
+        pair = dict(pair_defaults.get("settings", {}))
+        if settings.get("mode", pair.get("mode", "auto")) == "auto":
+            pair.pop("draft_max", None)  # the pair's draft length is draft mode's; auto drafts as far as it pays
+        settings = {**pair, **settings, **({"stop": tuple(stop)} if stop else {})}
         messages = [{"role": "user", "content": chat_message}] if chat_message is not None else None
         tokens = engine.tokenize_prompt(prompt, messages)
         if as_json:
@@ -193,7 +196,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     for key in ("mode", "ignore_eos"):
         given.pop(key, None)
     settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),
-                               int_list(draft_max, "--draft-max") or (4,), given.pop("max_tokens", None) or 64,
+                               int_list(draft_max, "--draft-max"), given.pop("max_tokens", None) or 64,
                                repeats, warmup, not natural_stop, given, reuse_prompt)
     prompts = load_prompts(prompts_file, suites, limit)
     if plot:
@@ -204,8 +207,8 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     progress = BenchProgress()
     try:
         with terminate_as_interrupt() as signals:
-            result = B.benchmark(load, prompts, settings, by=by, draft_max_given=draft_max is not None,
-                                 llama_cpp_bin=llama_cpp_bin, outputs_dir=save_outputs, progress=progress)
+            result = B.benchmark(load, prompts, settings, by=by, llama_cpp_bin=llama_cpp_bin, outputs_dir=save_outputs,
+                                 progress=progress)
     except KeyboardInterrupt:  # before any run finished (while loading): nothing to show
         click.echo(f"\n{'terminated' if signals else 'interrupted'}", err=True)
         sys.exit(128 + signal.SIGTERM if signals else 130)

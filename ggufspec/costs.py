@@ -114,6 +114,8 @@ class Costs:
     def report(self, verify_batch: int | None, quant: str | None = None) -> dict:
         """The ceiling, and for each kind of drafter where it starts to pay (`ggufspec costs`)."""
         ceiling, ceiling_n = self.ceiling(verify_batch)
+        # past exact_kv verification is one batch whatever its size: the ceiling there
+        beyond, beyond_n = self.ceiling(None) if verify_batch and self.exact_kv is not None else (ceiling, ceiling_n)
         longest = max(1, len(self.target_batch_seconds) - 1)
         steps = {"lookup": 0.0}
         if self.draft_token_seconds:
@@ -125,6 +127,7 @@ class Costs:
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
+                "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,
                 "verify_chunk": self.chunk(verify_batch) if verify_batch else None,
                 "drafters": drafters, "why": self.why(quant)}
 

@@ -24,7 +24,7 @@ from .compat import check_compatible
 from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
-from .generation import Chunk, Generation, GenerationSettings, Result, resolve_settings
+from .generation import DRAFT_MAX, Chunk, Generation, GenerationSettings, Result, resolve_settings
 from .measure import costs_for
 from .prompts import check_messages
 from .rpc import devices_for
@@ -137,7 +137,8 @@ class Engine(Closing):
         """A fresh drafter for one generation, and its round budget. auto: the cost-aware planner over
         lookup and the draft model; lookup: the same planner over lookup alone (a copy is drafted as far
         as it pays, and not at all where it does not), or, without measured costs, lookup drafts of
-        --draft-max tokens. Lookup drafts run to --lookup-max, the draft model's to --draft-max."""
+        --draft-max tokens. Lookup drafts run to --lookup-max, the draft model's to --draft-max (auto without
+        one: as far as the measured costs say pays)."""
         mode = s.mode
         if mode == "auto" and self.costs is None:
             raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
@@ -147,10 +148,12 @@ class Engine(Closing):
         if model is not None:
             model.p_min = s.draft_p_min
         if mode == "auto" or (mode == "lookup" and self.costs is not None):
+            # auto's draft model: up to --draft-max, or as far as the measured batches reach
+            model_max = s.draft_max or len(self.costs.target_batch_seconds) - 1
             auto = AutoDrafter(verification, lookup=LookupDrafter(), model=model if mode == "auto" else None,
-                               model_max=s.draft_max)
-            return auto, max(s.draft_max, s.lookup_max)
-        return {"draft": model, "lookup": LookupDrafter()}.get(mode), s.draft_max
+                               model_max=model_max)
+            return auto, max(model_max, s.lookup_max)
+        return {"draft": model, "lookup": LookupDrafter()}.get(mode), s.draft_max or DRAFT_MAX
 
     def stream(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,

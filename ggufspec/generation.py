@@ -25,6 +25,9 @@ from .text import TextAssembler
 from .verification import DEFAULT_TIE_MARGIN, Verification
 
 MAX_SEED = 2**63 - 1
+# The draft mode's draft length when --draft-max is not given (auto then drafts with the model as far as
+# the measured costs say pays, up to the largest measured batch).
+DRAFT_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,9 @@ class GenerationSettings(SamplingParams):
     max_tokens: int = 128
     seed: int | None = None
     mode: str = "auto"
-    draft_max: int = 4
+    # Most tokens the draft model drafts per round. None: DRAFT_MAX in draft mode; in auto, as many as the
+    # measured costs say pay (a batch of 8 can cost less per token than one of 5).
+    draft_max: int | None = None
     draft_min: int = 0
     draft_p_min: float = 0.0
     # Prompt lookup copies runs of the prompt: its drafts are free, so they may be longer than the
@@ -68,8 +73,8 @@ class GenerationSettings(SamplingParams):
             (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}; 0 turns it off)"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p})"),
             (0 <= self.min_p < 1, f"--min-p must be in [0, 1) (got {self.min_p})"),
-            (self.draft_max >= 1, f"--draft-max must be at least 1 (got {self.draft_max})"),
-            (0 <= self.draft_min <= self.draft_max,
+            (self.draft_max is None or self.draft_max >= 1, f"--draft-max must be at least 1 (got {self.draft_max})"),
+            (0 <= self.draft_min <= (self.draft_max or self.draft_min),
              f"--draft-min must be between 0 and --draft-max={self.draft_max} (got {self.draft_min})"),
             (0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
             (self.lookup_max >= 1, f"--lookup-max must be at least 1 (got {self.lookup_max})"),

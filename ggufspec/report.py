@@ -143,6 +143,9 @@ def _costs_line(meta: dict) -> str:
         line += " (beyond: one batch, near-ties re-checked)"
     line += (f"\nceiling: with every draft accepted and drafting free, {c['ceiling_speedup']:.2f}x at most "
              f"here ({c['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
+    if c.get("ceiling_past_exact_kv", 0) > c["ceiling_speedup"] + 0.005:
+        line += (f"; past {c['exact_kv']} cached tokens, where a round is one batch, "
+                 f"{c['ceiling_past_exact_kv']:.2f}x ({c['ceiling_past_exact_kv_tokens_per_round']} tokens per round)")
     if c.get("why"):
         line += f"\nwhy: {c['why']}"
     return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")

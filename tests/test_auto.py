@@ -112,6 +112,11 @@ def test_ceiling_is_the_best_rate_of_an_always_right_free_drafter():
     assert (best, n) == (pytest.approx(3 * 0.043 / 0.093), 3)
     assert c.ceiling(None)[0] == pytest.approx(max(k * 0.043 / t for k, t in enumerate(c.target_batch_seconds, 1)))
     assert gpu_like().ceiling(None) == (pytest.approx(9 * 0.040 / 0.048), 9)
+    c.exact_kv = 256  # past 256 cached tokens a round is one batch: the report gives that ceiling too
+    report = c.report(3)
+    assert (report["ceiling_speedup"], report["ceiling_tokens_per_round"]) == (best, 3)
+    assert (report["ceiling_past_exact_kv"], report["ceiling_past_exact_kv_tokens_per_round"]) == c.ceiling(None)
+    assert report["ceiling_past_exact_kv"] > best
 
 
 def test_break_even_alpha_where_lookup_pays_and_the_draft_model_never_does():
@@ -159,6 +164,7 @@ def test_untried_lookup_drafts_get_tried_and_failures_stop_them():
 
     measured = Costs([0.0423, 0.0880, 0.1024, 0.1425, 0.1686, 0.2088, 0.2400, 0.3348, 0.3446], 3)  # `ggufspec costs` here
     d = AutoDrafter(Verification.of(measured, True), lookup=LookupDrafter())
+    d.lookup_alpha[4] = Estimate(0.75, 2.0)  # a prior just below this table's break-even (0.82)
     history = [9, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]  # matches "1 2 3 4" with an agreement of 4
     rng, params = np.random.default_rng(0), SamplingParams()
     assert d.lookup_alpha[4].value < measured.break_even(0.0, 3)  # the prior alone would never draft here

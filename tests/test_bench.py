@@ -32,6 +32,20 @@ def test_json_has_a_row_per_mode_and_greedy_rows_identical(tiny):
     assert 0 < by_mode["draft"]["acceptance_rate"] <= 1
     assert by_mode["draft"]["predicted_speedup"] > 0
     assert data["costs"]["target_batch_seconds"][0] > 0
+    # without --draft-max: the draft row drafts 4, auto's model drafts as far as the measured costs say pays
+    assert (by_mode["draft"]["label"], by_mode["auto"]["label"]) == ("draft (draft-max 4)", "auto")
+
+
+def test_draft_max_values_make_draft_and_auto_rows_and_a_pairs_length_only_draft_rows():
+    from dataclasses import replace
+
+    from ggufspec.bench import BenchSettings, plan
+
+    given = BenchSettings(("target", "draft", "auto"), (2, 8))
+    assert [c.label for c in plan(given, True)] == ["target", "draft (draft-max 2)", "draft (draft-max 8)",
+                                                     "auto (draft-max 2)", "auto (draft-max 8)"]
+    pair = replace(BenchSettings(("target", "draft", "lookup", "auto")), draft_length=5)
+    assert [c.label for c in plan(pair, True)] == ["target", "draft (draft-max 5)", "lookup", "auto"]
 
 
 def test_sweep_table_csv_markdown_and_saved_outputs(tiny, tmp_path):

@@ -187,6 +187,35 @@ def test_auto_drafts_with_the_model_where_verification_is_cheap_and_never_where_
     assert out == ref and "draft" not in stats.rounds_by_source
 
 
+# This AMD EPYC's Q8_0 Qwen target (seconds for a batch of 1..9): odd batches dear, 8 the cheapest per token.
+SAWTOOTH = [0.092, 0.118, 0.198, 0.164, 0.250, 0.221, 0.310, 0.268, 0.356]
+
+
+def test_auto_drafts_with_the_model_as_far_as_the_costs_say_and_no_further_than_a_cap():
+    target = FakeTarget(seed=1)
+    ref, _ = generate(target, n=120)
+    costs = Costs(SAWTOOTH, 9, 0.019)
+    longest = {}
+    for cap in (8, 4):  # 8: no cap within the measured batches (the Engine's default); 4: --draft-max 4
+        auto = AutoDrafter(Verification.of(costs), lookup=LookupDrafter(), model=ModelDrafter(target.like(7, 0.0)),
+                           model_max=cap)
+        out, stats = generate(target, auto, n=120, draft_max=cap)
+        assert out == ref and stats.n_accepted == stats.n_drafted  # the model as its own draft
+        longest[cap] = len(stats.accepted_histogram) - 1
+    # a draft of 7 fills the batch of 8; with the cap, 3 (a batch of 4: one of 5 costs more than 4+1 tokens pay)
+    assert longest[8] == 7 and longest[4] == 3
+
+
+def test_auto_reads_the_prompt_into_the_draft_with_the_prompt_where_the_model_may_pay():
+    target = FakeTarget(seed=1)
+    for costs, eager in ((Costs(SAWTOOTH, 9, 0.019), True), (Costs([0.043 * (i + 1) for i in range(9)], 3, 0.025), False)):
+        draft = target.like(7, 0.0)
+        auto = AutoDrafter(Verification.of(costs), lookup=LookupDrafter(), model=ModelDrafter(draft))
+        auto.reset(PROMPT)
+        assert auto.model_may_pay() is eager
+        assert draft.tokens == (PROMPT[:-1] if eager else [])  # lazily: only when first used, which it never is
+
+
 def test_stats_merge_is_the_sum_of_its_parts():
     a, b = Stats(mode="auto"), Stats(mode="auto")
     for s, rounds_ in ((a, [(3, 2), (4, 4)]), (b, [(0, 0), (4, 1)])):

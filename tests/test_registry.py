@@ -92,6 +92,30 @@ def test_pair_resolution_uses_local_files_and_pair_defaults(tiny, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_a_pairs_draft_max_is_draft_modes_length_and_does_not_cap_auto(tiny, tmp_path, monkeypatch):
+    from ggufspec.engine import Engine
+
+    reg = tmp_path / "models.toml"
+    reg.write_text('[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n'
+                   '[pairs.td]\ntarget = "t"\ndraft = "t"\ndraft_max = 1\n')
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "t.gguf").write_bytes(Path(tiny["target"]).read_bytes())
+    seen, drafter = {}, Engine._drafter
+
+    def recording(self, s, verification):  # what the generation was asked for, then the real drafter
+        seen[s.mode] = s.draft_max
+        return drafter(self, s, verification)
+
+    monkeypatch.setattr(Engine, "_drafter", recording)
+    for mode in ("draft", "auto"):
+        r = CliRunner().invoke(cli, ["generate", "td", "--registry", str(reg), "-p", "hello world", "-n", "8",
+                                     "--mode", mode, "--json"])
+        assert r.exit_code == 0, r.output
+    assert seen == {"draft": 1, "auto": None}  # None: auto drafts as far as the measured costs say pays
+    r = CliRunner().invoke(cli, ["generate", "td", "--registry", str(reg), "-p", "hi", "-n", "8", "--draft-max", "3", "--json"])
+    assert r.exit_code == 0 and seen["auto"] == 3  # a --draft-max typed by the user caps auto's model drafts
+
+
 def test_models_list_shows_every_seed_pair():
     r = CliRunner().invoke(cli, ["models", "list"])
     assert r.exit_code == 0, r.output
