@@ -75,12 +75,13 @@ class AutoDrafter(Drafter):
     explore = 0.15
 
     def __init__(self, verification: Verification, *, lookup: LookupDrafter, model: ModelDrafter | None = None,
-                 model_max: int | None = None, draft_cost: float | None = None):
+                 model_max: int | None = None, lookup_max: int | None = None, draft_cost: float | None = None):
         self.verification = verification  # how rounds are verified, and what that costs (measured at load)
         self.costs: Costs = verification.costs
         self._n_past = 0  # tokens in the target's cache at the round being planned (exactness ends at exact_kv)
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
+        self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
         self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
@@ -94,7 +95,10 @@ class AutoDrafter(Drafter):
         if self.model is None or not self._draft_cost:
             return False
         longest = min(self.model_max or MAX_BATCH, len(self.costs.target_batch_seconds) - 1)
-        return any(self.verification.speedup(1.0, n, self._draft_cost) > self.margin for n in range(1, longest + 1))
+        if longest < 1:
+            return False
+        best, _ = self.costs.best_length(1.0, self._draft_cost, self.verification.batch_limit(), longest)
+        return best > self.margin
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self.lookup.reset(prompt_tokens)
@@ -132,7 +136,8 @@ class AutoDrafter(Drafter):
         start = time.perf_counter()
         self._n_past = len(history) - 1
         best = ("target", 0, self.margin / self.step_cost)
-        match, agreement = self.lookup.match(history, draft_max) if draft_max > 0 else ([], 0)
+        longest_copy = min(draft_max, self.lookup_max or draft_max)
+        match, agreement = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0)
         if match:
             a = self.lookup_alpha[lookup_bucket(agreement)].optimistic(self.explore)
             for n in range(1, len(match) + 1):

@@ -66,6 +66,11 @@ class BenchSettings:
     draft_length: int = DRAFT_MAX  # the draft rows' length without --draft-max values (a pair may recommend one)
 
     @property
+    def draft_lengths(self) -> tuple[int, ...]:
+        """The draft rows' lengths (and llama.cpp's draft-model rows'): --draft-max values, or draft_length."""
+        return self.draft_max or (self.draft_length,)
+
+    @property
     def greedy(self) -> bool:
         return (self.generation.get("temperature") or 0.0) <= 0.0
 
@@ -88,8 +93,7 @@ class BenchSettings:
         for mode in self.modes:
             if mode not in ALL_MODES:
                 raise GGUFSpecError(f"--modes: unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
-        GenerationSettings(max_tokens=self.max_tokens, draft_max=max(self.draft_max or (DRAFT_MAX,)),
-                           **self.generation).validate()
+        GenerationSettings(max_tokens=self.max_tokens, draft_max=max(self.draft_lengths), **self.generation).validate()
         return self
 
 
@@ -102,10 +106,10 @@ def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
             continue
         if mode == "lookup":  # its drafts run to --lookup-max whatever --draft-max says: one row
             configs.append(Config(mode))
-        elif mode in DRAFTING_MODES and settings.draft_max is None:
-            configs.append(Config(mode, None if mode == "auto" else settings.draft_length))
+        elif mode == "auto" and settings.draft_max is None:
+            configs.append(Config(mode))  # its model drafts as far as the costs say pays
         elif mode in DRAFTING_MODES:
-            configs += [Config(mode, n) for n in settings.draft_max]
+            configs += [Config(mode, n) for n in settings.draft_lengths]
         else:
             configs.append(Config(mode))
     if not any(c.mode == "target" for c in configs):
@@ -363,7 +367,7 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
         explain_divergences(out, runs, engine)
         if llama_cpp_bin and not interrupted:
             groups, target_tps = _reference_groups(engine, prompts, runs, by)
-            out += reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_max or (settings.draft_length,), target_tps,
+            out += reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_lengths, target_tps,
                                   llama_bench_before=before)
         outputs_error = None
         if outputs_dir:

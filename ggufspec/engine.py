@@ -151,7 +151,7 @@ class Engine(Closing):
             # auto's draft model: up to --draft-max, or as far as the measured batches reach
             model_max = s.draft_max or len(self.costs.target_batch_seconds) - 1
             auto = AutoDrafter(verification, lookup=LookupDrafter(), model=model if mode == "auto" else None,
-                               model_max=model_max)
+                               model_max=model_max, lookup_max=s.lookup_max)
             return auto, max(model_max, s.lookup_max)
         return {"draft": model, "lookup": LookupDrafter()}.get(mode), s.draft_max or DRAFT_MAX
 

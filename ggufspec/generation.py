@@ -74,7 +74,7 @@ class GenerationSettings(SamplingParams):
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p})"),
             (0 <= self.min_p < 1, f"--min-p must be in [0, 1) (got {self.min_p})"),
             (self.draft_max is None or self.draft_max >= 1, f"--draft-max must be at least 1 (got {self.draft_max})"),
-            (0 <= self.draft_min <= (self.draft_max or self.draft_min),
+            (0 <= self.draft_min and (self.draft_max is None or self.draft_min <= self.draft_max),
              f"--draft-min must be between 0 and --draft-max={self.draft_max} (got {self.draft_min})"),
             (0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
             (self.lookup_max >= 1, f"--lookup-max must be at least 1 (got {self.lookup_max})"),
