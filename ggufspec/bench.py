@@ -326,18 +326,34 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
     return BenchResult(rows, meta, interrupted)
 
 
+def _group_key(by: str):
+    return (lambda p: p.suite) if by == "suite" else (lambda p: "all")
+
+
+def _reference_depths(engine: Engine, prompts: list[Prompt], by: str) -> dict[str, int]:
+    """Per group of prompts (a suite, or "all"), their mean length in tokens: the cache ggufspec's runs
+    generate after, which llama-bench's row is given too (-d)."""
+    key, lengths = _group_key(by), {}
+    for p in prompts:
+        lengths.setdefault(key(p), []).append(len(prompt_tokens(engine, p)))
+    return {group: round(sum(n) / len(n)) for group, n in lengths.items()}
+
+
 def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by: str):
-    """(prompt texts by group, ggufspec's target speed by group) for llama.cpp's rows: by suite when
-    the table is, else over all prompts."""
-    key = (lambda p: p.suite) if by == "suite" else (lambda p: "all")
+    """(prompt texts by group, ggufspec's target speed by group, (label, target-only text) by group)
+    for llama.cpp's rows: by suite when the table is, else over all prompts."""
+    key = _group_key(by)
     groups: dict[str, list[str]] = {}
+    texts: dict[str, list[tuple[str, str | None]]] = {}
+    mine = {r.prompt: r.text for r in runs if r.config.mode == "target" and r.repeat == 0}
     for p in prompts:
         groups.setdefault(key(p), []).append(prompt_text(engine, p))
+        texts.setdefault(key(p), []).append((p.label, mine.get(p)))
     target_tps = {}
     for group in groups:
-        mine = [r for r in runs if r.config.mode == "target" and key(r.prompt) == group]
-        target_tps[group] = tps(mine)[0] if mine else None
-    return groups, target_tps
+        rs = [r for r in runs if r.config.mode == "target" and key(r.prompt) == group]
+        target_tps[group] = tps(rs)[0] if rs else None
+    return groups, target_tps, texts
 
 
 def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress):
@@ -355,8 +371,9 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
         if pair_draft_max:
             settings = replace(settings, draft_length=int(pair_draft_max))  # the pair's recommended length
         settings.validate()
+        depths = _reference_depths(engine, prompts, by) if llama_cpp_bin else {}
         before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, settings.max_tokens,
-                             engine.target_ctx.n_threads) if llama_cpp_bin else None
+                             engine.target_ctx.n_threads, tuple(depths.values())) if llama_cpp_bin else None
         runs: list[Run] = []
         interrupted = False
         try:
@@ -366,9 +383,9 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
         out = rows(runs, engine, settings, by=by)
         explain_divergences(out, runs, engine)
         if llama_cpp_bin and not interrupted:
-            groups, target_tps = _reference_groups(engine, prompts, runs, by)
+            groups, target_tps, texts = _reference_groups(engine, prompts, runs, by)
             out += reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_lengths, target_tps,
-                                  llama_bench_before=before)
+                                  llama_bench_before=before, depths=depths, target_texts=texts)
         outputs_error = None
         if outputs_dir:
             try:

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Batches up to 16 tokens are timed: prompt-lookup drafts of a copied block run that long, and on
-# CPUs the kernels work in rows of 4 or 8, so a size between those costs more than the next one up.
-MAX_BATCH = 16
+# Batches up to 16 tokens are timed size by size (on CPUs the kernels work in rows of 4 or 8, so a size
+# between those can cost more than the next one up), and beyond, up to 64, at the sizes in LONG_BATCHES:
+# prompt-lookup drafts of a copied block run that long (llama.cpp's n-gram drafters draft 48 to 64), and
+# on a CPU a Q8_0 batch of 64 costs less per token than one of 16. An unmeasured size is given the time
+# of the next measured one up.
+EXACT_MAX = 16  # bit-exactness is checked up to this size: verification cuts longer rounds into such batches
+LONG_BATCHES = (24, 32, 48, 64)
+MAX_BATCH = LONG_BATCHES[-1]
 # Bit-exactness is also checked with the KV cache filled to these lengths (after the batch): on CPU,
 # once the cache holds more than 256 tokens, llama.cpp's flash attention splits a one-token step's
 # keys over the threads (ggml's split-KV path, n_kv >= 512) while a batch is not split, so batches

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .core import MODES, Round, Stats
+from .costs import MAX_BATCH
 from .drafters import Drafter
 from .errors import GGUFSpecError
 from .sampling import SAMPLING_RULES, PositionNoise, SamplingParams
@@ -28,6 +29,9 @@ MAX_SEED = 2**63 - 1
 # The draft mode's draft length when --draft-max is not given (auto then drafts with the model as far as
 # the measured costs say pays, up to the largest measured batch).
 DRAFT_MAX = 4
+# A prompt-lookup draft's longest: the longest measured batch less the round's last token (llama.cpp's
+# n-gram drafters copy 48 to 64 tokens); the measured costs choose how many of them pay.
+LOOKUP_MAX = MAX_BATCH - 1
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class GenerationSettings(SamplingParams):
     draft_p_min: float = 0.0
     # Prompt lookup copies runs of the prompt: its drafts are free, so they may be longer than the
     # draft model's; in lookup and auto modes the measured costs choose how much of a copy pays.
-    lookup_max: int = 32
+    lookup_max: int = LOOKUP_MAX
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     tie_margin: float = DEFAULT_TIE_MARGIN

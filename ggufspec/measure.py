@@ -1,7 +1,8 @@
 """Measuring what a decode costs here, and remembering it.
 
 Measured once per (model file, threads, offload, machine) and remembered in the cache
-directory: target decode time for batches of 1..max_batch tokens, the draft's time per token,
+directory: target decode time for batches of 1..16 tokens and of the longer sizes in
+`costs.LONG_BATCHES` (those between take the next measured size's time), the draft's time per token,
 and the largest batch whose logits equal one-token decoding bit for bit. The machine is named
 by its CPU, the features this llama.cpp build uses, its devices and its version, so a cache
 shared between machines (an NFS home, a copied image) never hands one machine another's costs.
@@ -16,7 +17,7 @@ import time
 import numpy as np
 
 from .backend import Context, machine
-from .costs import KV_CHECKPOINTS, LONG_KV, MAX_BATCH, Costs
+from .costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs
 from .paths import costs_file
 
 
@@ -30,10 +31,13 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     """(seconds per batch size 1..max_batch, largest bit-exact batch, the KV length up to which it was
     found exact: None if at every checkpoint the context allows). Leaves the KV cache empty.
 
-    The batch sizes take turns within each repeat, so a machine that slows down part way
-    through skews no size against another; each size keeps its fastest time.
+    Sizes up to EXACT_MAX are each timed, longer ones at LONG_BATCHES (and max_batch); a size between
+    takes the time of the next timed one up. The sizes take turns within each repeat, so a machine
+    that slows down part way through skews no size against another; each keeps its fastest time.
     """
     max_batch = max(1, min(max_batch, ctx.n_batch, ctx.n_ctx - 16))
+    timed = sorted({b for b in range(1, EXACT_MAX + 1)} | set(LONG_BATCHES) | {max_batch})
+    timed = [b for b in timed if b <= max_batch]
     prefix = _probe_tokens(ctx, 8 + max_batch)
     ctx.clear()
     ctx.decode(prefix[:8], logits="none")
@@ -41,14 +45,15 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     tokens = prefix[8:]
     for x in tokens[:3]:  # warm-up: the first decodes page the mmapped weights in
         ctx.decode([x])
-    seconds = [float("inf")] * max_batch
+    best = {b: float("inf") for b in timed}
     for _ in range(repeats):
-        for b in range(1, max_batch + 1):
+        for b in timed:
             ctx.truncate(base)
             start = time.perf_counter()
             ctx.decode(tokens[:b], logits="all")
-            seconds[b - 1] = min(seconds[b - 1], time.perf_counter() - start)
-    exact = exact_batch_at(ctx, base, max_batch)
+            best[b] = min(best[b], time.perf_counter() - start)
+    seconds = [best[min(b for b in timed if b >= n)] for n in range(1, max_batch + 1)]
+    exact = exact_batch_at(ctx, base, min(max_batch, EXACT_MAX))
     exact_kv, held = None, base + exact  # held: the longest KV length where exactness was seen
     if exact > 1:
         for kv in KV_CHECKPOINTS:

@@ -101,7 +101,7 @@ def sampling_options(fn):
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float, default=None,
                      help="Stop drafting when the draft's own confidence falls below this."),
         click.option("--lookup-max", "--spec-ngram-simple-size-m", "lookup_max", type=int, default=None,
-                     help="Most tokens a prompt-lookup draft copies per round (default 32; the measured costs "
+                     help="Most tokens a prompt-lookup draft copies per round (default 63; the measured costs "
                           "choose how many of them pay)."),
         click.option("--mode", default=None,
                      help="Drafting: auto (default: whatever pays each round), draft (model), lookup (prompt n-grams), "

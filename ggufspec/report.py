@@ -85,7 +85,8 @@ def _identical(r: dict) -> str:
         return "yes"
     dv = r["divergence"] or {}
     gap = f", gap {dv['gap']:.3f}" if "gap" in dv else ""
-    return f"no ({dv.get('prompt')} token {dv.get('token')}{gap})"
+    token = f" token {dv['token']}" if "token" in dv else ""
+    return f"no ({dv.get('prompt')}{token}{gap})"
 
 
 def bench_cells(r: dict) -> dict:
@@ -93,7 +94,8 @@ def bench_cells(r: dict) -> dict:
     d = dict(r, tps=f"{r['tokens_per_second']:.1f}", speedup=_ratio(r["speedup"]), alpha=_pct(r["acceptance_rate"]))
     spread = r["tokens_per_second_max"] - r["tokens_per_second_min"]
     d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}" if spread or not r.get("reference") else "-"
-    if r.get("reference"):  # llama.cpp's own programs: only what they report
+    if r.get("reference"):  # llama.cpp's own programs: only what they report, and whether their text was the target's
+        d["identical"] = _identical(r)
         return d
     d.update(tau=f"{r['tokens_per_round']:.2f}", prompt_tps=f"{r['prompt_tokens_per_second']:.0f}",
              split="/".join(_pct(r[k]) for k in ("draft_share", "verify_share", "overhead_share")),

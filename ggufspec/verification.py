@@ -4,8 +4,8 @@ loop, auto's planner, the `Llama` draft, the bench footer and `doctor` all ask.
 llama.cpp's batched kernels are not bit-identical to one-token decoding everywhere. Where this
 backend has batches that are (measured at load: `Costs.exact_batch`, up to `Costs.exact_kv`
 cached tokens), greedy verification decodes in such batches by default, so the text is the
-target's by construction; elsewhere it verifies in one batch and re-decodes a near-tie one token
-at a time. Batches are cut in the exact size with the least cost per token (`Costs.chunk`).
+target's by construction; elsewhere it verifies in one batch and ends the round at a near-tie, that
+row re-decoded by itself. Batches are cut in the exact size with the least cost per token (`Costs.chunk`).
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ class Verification:
     def verify(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
                picker: Picker) -> tuple[int, int, list[float]]:
         """Greedy or coupled verification: keep drafts while they equal the target's picks. Exact: in
-        bit-exact batches (identity by construction); otherwise one batch, and a near-tie among the
-        rows used is re-decoded one token at a time. Returns (n_accepted, next_token, tie gaps)."""
+        bit-exact batches (identity by construction); otherwise one batch, and the round ends at the first
+        near-tie among the rows used, re-decoded by itself. Returns (n_accepted, next_token, tie gaps)."""
         t0 = n_past + 1
         limit = self.batch_limit(n_past + len(inputs))
         if limit is not None and len(inputs) > limit:
@@ -115,8 +115,12 @@ class Verification:
             return n_accepted, next_token, []
         j = int(tied[0])
         gap = picker.gap(logits[j], t0 + j)
-        n_accepted, next_token = settle_tie(target, inputs, draft_tokens, n_past, j, picker)
-        return n_accepted, next_token, [gap]
+        settled = settle_tie(target, inputs, draft_tokens, n_past, j, picker)
+        if settled is not None:
+            return settled[0], settled[1], [gap]
+        # the tie confirmed the draft at row j: the drafts after it are verified as a round of their own
+        n_accepted, next_token, gaps = self.verify(target, inputs[j + 1:], draft_tokens[j + 1:], n_past + j + 1, picker)
+        return j + 1 + n_accepted, next_token, [gap] + gaps
 
 
 def _rows_in_chunks(target: Target, inputs: list[int], chunk: int, draft_tokens: list[int], picker: Picker,
@@ -136,17 +140,20 @@ def _rows_in_chunks(target: Target, inputs: list[int], chunk: int, draft_tokens:
 
 
 def settle_tie(target: Target, inputs: list[int], draft_tokens: list[int], n_past: int, j: int,
-               picker: Picker | None = None) -> tuple[int, int]:
-    """Redo a round whose batched row j was a near-tie as target-only decoding would: the inputs
-    up to row j one token at a time (neither the row nor the K/V before it from the batch), then
-    one token at a time while the drafts keep matching. Returns (n_accepted, next_token)."""
+               picker: Picker | None = None) -> tuple[int, int] | None:
+    """Decide a round's near-tie at batched row j as target-only decoding would: the drafts before row
+    j are kept (their rows were not ties, so the batch's picks stand) and row j is re-decoded by itself,
+    with one-token decoding's numerics. Returns (n_accepted, next_token) = (j, its pick) where that
+    pick is not the draft there (or there is none); None where it is: the draft at j is accepted, the
+    cache holds the rows up to j, and the drafts after it still need verifying.
+
+    (Redoing the rows before j one token at a time as well, as this once did, and the rows after it,
+    bought nothing: past exact_kv the rounds before this one were kept from batches anyway; and it cost
+    a 64-token copy 64 steps.)
+    """
     picker = picker or Picker(SamplingParams())
-    t0 = n_past + 1  # the position row 0 predicts
-    target.truncate(n_past)
-    for x in inputs[: j + 1]:
-        row = target.decode([x], logits="last")[0]
-    i = j
-    while i < len(draft_tokens) and picker.pick(row, t0 + i) == draft_tokens[i]:
-        row = target.decode([draft_tokens[i]], logits="last")[0]
-        i += 1
-    return i, picker.pick(row, t0 + i)
+    target.truncate(n_past + j)
+    pick = picker.pick(target.decode([inputs[j]], logits="last")[0], n_past + 1 + j)
+    if j < len(draft_tokens) and pick == draft_tokens[j]:
+        return None
+    return j, pick

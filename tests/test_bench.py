@@ -103,6 +103,19 @@ def test_builtin_suites_exist():
         assert len(load_suite(name)) >= 4
 
 
+def test_llama_cpp_text_is_compared_with_the_targets():
+    from ggufspec.reference import generated_text, same_text
+
+    prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    out = "\n\n" + prompt + "Hello! How can I help?\n\n\n\n"  # what speculative-simple prints
+    assert generated_text(out, prompt) == "Hello! How can I help?\n\n\n\n"
+    assert generated_text("no echo", prompt) is None
+    assert same_text("Hello! How can", "Hello! How can I help?")  # -n cut either text short
+    assert same_text("Hello! How can I help?", "Hello! How can I h\ufffd")  # a token cut mid-character
+    assert not same_text("Hello! What do you need?", "Hello! How can I help?")
+    assert same_text(None, "x") is None and same_text("", "x") is None
+
+
 def test_leviathan_formula():
     assert predicted_speedup(0.0, 4, 0.0) == 1.0
     assert predicted_speedup(1.0, 3, 0.0) == 4.0
@@ -131,8 +144,13 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scripts = {
-        "llama-bench": '#!/bin/sh\necho \'[{"avg_ts": 20.5, "stddev_ts": 0.3}]\'\n',
-        "llama-speculative-simple": ("#!/bin/sh\nprintf 'text \\257\\377 more\\n'\n"
+        # one result per -d depth, its speed the depth's last digit + 20
+        "llama-bench": ('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = "-d" ] && D=$2; shift; done\n'
+                        'printf "["; sep=""; for d in $(echo $D | tr , " "); do '
+                        'printf "%s{\\"n_depth\\": %s, \\"avg_ts\\": %s.5}" "$sep" $d $((20 + d % 10)); sep=","; done; echo "]"\n'),
+        # echoes its prompt (-p), then a text of its own, partly not UTF-8
+        "llama-speculative-simple": ('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = "-p" ] && P=$2; shift; done\n'
+                                     "printf '\\n\\n%s' \"$P\"; printf 'text \\257\\377 more\\n'\n"
                                      "echo 'decoded   16 tokens in    2.000 seconds, speed:    8.000 t/s' >&2\n"
                                      "echo 'n_drafted = 10' >&2\necho 'n_accept  = 7' >&2\n"),
     }
@@ -143,17 +161,24 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
               "--modes", "target", "--draft-max", "2", "--compare-llama-cpp", bin_dir, "--json")
     assert r.exit_code == 0, r.output
     ref = [row for row in json.loads(r.stdout)["rows"] if row.get("reference")]
-    assert [row["label"] for row in ref] == ["llama.cpp llama-bench (target)",
+    depth = ref[0]["depth"]  # the code prompt's length in tokens
+    assert depth > 0 and [row["label"] for row in ref] == [f"llama.cpp llama-bench (target, depth {depth})",
                                               "llama.cpp speculative-simple, draft model (draft-max 2)",
                                               "llama.cpp speculative-simple, ngram-simple",
                                               "llama.cpp speculative-simple, ngram-mod"]
-    assert ref[0]["tokens_per_second"] == 20.5  # before and after ggufspec's runs, averaged
+    assert ref[0]["tokens_per_second"] == 20.5 + depth % 10  # at the prompt's length, before and after ggufspec's runs
+    assert ref[1]["identical_to_target"] is False and ref[1]["divergence"] == {"prompt": "code-0"}  # not the target's text
+    assert ref[0]["identical_to_target"] is None  # llama-bench writes no text
     assert ref[1]["tokens_per_second"] == 8.0 and ref[1]["acceptance_rate"] == 0.7
     by_suite = bench("-m", tiny["target"], "--suite", "code,fix", "--limit", "1", "-n", "4", "--modes", "target",
                      "--compare-llama-cpp", bin_dir, "--by-suite", "--json")
     assert by_suite.exit_code == 0, by_suite.output
-    groups = [(row["group"], row["mode"]) for row in json.loads(by_suite.stdout)["rows"] if row.get("reference")]
+    by_rows = [row for row in json.loads(by_suite.stdout)["rows"] if row.get("reference")]
+    groups = [(row["group"], row["mode"]) for row in by_rows]
     assert groups == [(suite, mode) for suite in ("code", "fix")
                       for mode in ("llama-bench", "llama.cpp-ngram-simple", "llama.cpp-ngram-mod")]
+    benches = [row for row in by_rows if row["mode"] == "llama-bench"]
+    assert benches[0]["depth"] == depth and benches[1]["depth"] > depth  # each suite at its own prompts' length
+    assert [row["tokens_per_second"] for row in benches] == [20.5 + row["depth"] % 10 for row in benches]
     missing = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--compare-llama-cpp", tmp_path)
     assert missing.exit_code == 1 and "llama-bench not found" in missing.stderr
