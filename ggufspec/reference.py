@@ -51,10 +51,12 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths:
 
 def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_text: str, n_tokens: int, threads: int,
                        n_ctx: int, draft_max: int, spec_type: str = "draft-simple") -> dict:
-    """One greedy run of llama-speculative-simple; its own timing of the generation phase."""
+    """One greedy run of llama-speculative-simple; its own timing of the generation phase. The prompt is
+    passed with --no-escape: by default llama.cpp's programs read a backslash sequence in -p as an escape,
+    so a prompt of code holding `"\\n"` would be another prompt."""
     cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
            "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
-           "-c", str(n_ctx), "--ignore-eos"]
+           "-c", str(n_ctx), "--ignore-eos", "--no-escape"]  # the prompt as it is: by default llama.cpp turns "\\n" into a newline
     if draft is not None and spec_type.startswith("draft"):
         cmd[3:3] = ["-md", str(draft)]
     out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)

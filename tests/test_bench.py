@@ -149,7 +149,8 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
                         'printf "["; sep=""; for d in $(echo $D | tr , " "); do '
                         'printf "%s{\\"n_depth\\": %s, \\"avg_ts\\": %s.5}" "$sep" $d $((20 + d % 10)); sep=","; done; echo "]"\n'),
         # echoes its prompt (-p), then a text of its own, partly not UTF-8
-        "llama-speculative-simple": ('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = "-p" ] && P=$2; shift; done\n'
+        "llama-speculative-simple": ('#!/bin/sh\nE=1; while [ $# -gt 0 ]; do [ "$1" = "-p" ] && P=$2; '
+                                     '[ "$1" = "--no-escape" ] && E=0; shift; done\n[ $E = 1 ] && exit 3\n'
                                      "printf '\\n\\n%s' \"$P\"; printf 'text \\257\\377 more\\n'\n"
                                      "echo 'decoded   16 tokens in    2.000 seconds, speed:    8.000 t/s' >&2\n"
                                      "echo 'n_drafted = 10' >&2\necho 'n_accept  = 7' >&2\n"),

@@ -130,7 +130,9 @@ def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
     r = run("costs", "-m", tiny["target"], "-md", tiny["close"], "-c", 256, "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert len(out["target_batch_seconds"]) == MAX_BATCH and all(t > 0 for t in out["target_batch_seconds"])
+    seconds = out["target_batch_seconds"]
+    assert len(seconds) == MAX_BATCH and all(t > 0 for t in seconds)
+    assert len(set(seconds[16:24])) == 1 and seconds[16] == seconds[23]  # 17-23 untimed: a batch of 24's time
     assert out["exact_batch"] >= 1 and out["draft_token_seconds"] > 0
     assert set(out["drafters"]) == {"lookup", "draft model"}
     for d in out["drafters"].values():

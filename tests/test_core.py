@@ -88,6 +88,19 @@ def test_near_ties_in_a_drifting_batch_are_settled_one_token_at_a_time():
     assert any(bent), "the drift never changed a greedy choice: the test has no power"
 
 
+def test_a_near_tie_costs_a_long_round_one_or_two_steps_not_its_length():
+    """A near-tie ends the round at its row, re-decoded by itself (and, where that confirms the draft, the
+    drafts after it verified as a round of their own), not the whole round redone one token at a time."""
+    target = FakeTarget(seed=3, scale=0.3, batch_drift=0.2, exact_batch=1)
+    ref, _ = generate(target, n=150)
+    target.batches.clear()
+    out, stats = generate(target, ModelDrafter(target.like(7, 0.0)), n=150, draft_max=16,
+                          verification=Verification(tie_margin=2.0))
+    assert out == ref and stats.ties_settled > 0
+    singles = target.batches[1:].count(1)  # the prompt's batch aside; a right draft of 16 leaves no round of 1
+    assert singles <= 2 * stats.ties_settled + 1, (singles, stats.ties_settled)
+
+
 def _first_two_exact(target, prompt, params):
     """The exact joint distribution of the first three generated tokens given the prompt, from the
     target's own rows (the first is drawn from the prompt's row, the next two by speculation)."""
