@@ -36,7 +36,7 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     that slows down part way through skews no size against another; each keeps its fastest time.
     """
     max_batch = max(1, min(max_batch, ctx.n_batch, ctx.n_ctx - 16))
-    timed = sorted({b for b in range(1, EXACT_MAX + 1)} | set(LONG_BATCHES) | {max_batch})
+    timed = sorted(set(range(1, EXACT_MAX + 1)) | set(LONG_BATCHES) | {max_batch})
     timed = [b for b in timed if b <= max_batch]
     prefix = _probe_tokens(ctx, 8 + max_batch)
     ctx.clear()

@@ -56,7 +56,7 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
     so a prompt of code holding `"\\n"` would be another prompt."""
     cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
            "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
-           "-c", str(n_ctx), "--ignore-eos", "--no-escape"]  # the prompt as it is: by default llama.cpp turns "\\n" into a newline
+           "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
     if draft is not None and spec_type.startswith("draft"):
         cmd[3:3] = ["-md", str(draft)]
     out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)

@@ -4,8 +4,8 @@ loop, auto's planner, the `Llama` draft, the bench footer and `doctor` all ask.
 llama.cpp's batched kernels are not bit-identical to one-token decoding everywhere. Where this
 backend has batches that are (measured at load: `Costs.exact_batch`, up to `Costs.exact_kv`
 cached tokens), greedy verification decodes in such batches by default, so the text is the
-target's by construction; elsewhere it verifies in one batch and ends the round at a near-tie, that
-row re-decoded by itself. Batches are cut in the exact size with the least cost per token (`Costs.chunk`).
+target's by construction; elsewhere it verifies in one batch and re-decodes a near-tie's row by itself
+(`settle_tie`). Batches are cut in the exact size with the least cost per token (`Costs.chunk`).
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ class Verification:
     def verify(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
                picker: Picker) -> tuple[int, int, list[float]]:
         """Greedy or coupled verification: keep drafts while they equal the target's picks. Exact: in
-        bit-exact batches (identity by construction); otherwise one batch, and the round ends at the first
-        near-tie among the rows used, re-decoded by itself. Returns (n_accepted, next_token, tie gaps)."""
+        bit-exact batches (identity by construction); otherwise one batch, and the first near-tie among the
+        rows used is re-decoded by itself: where that rejects the draft the round ends there, where it
+        confirms it the drafts after it are verified the same way. Returns (n_accepted, next_token, tie gaps)."""
         t0 = n_past + 1
         limit = self.batch_limit(n_past + len(inputs))
         if limit is not None and len(inputs) > limit:

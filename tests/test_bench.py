@@ -181,5 +181,11 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     benches = [row for row in by_rows if row["mode"] == "llama-bench"]
     assert benches[0]["depth"] == depth and benches[1]["depth"] > depth  # each suite at its own prompts' length
     assert [row["tokens_per_second"] for row in benches] == [20.5 + row["depth"] % 10 for row in benches]
+    old = bin_dir / "llama-bench"  # a llama-bench without -d: one result, whatever depths were asked
+    old.write_text('#!/bin/sh\necho \'[{"avg_ts": 20.5, "stddev_ts": 0.3}]\'\n')
+    no_depth = bench("-m", tiny["target"], "--suite", "code,fix", "--limit", "1", "-n", "4", "--modes", "target",
+                     "--compare-llama-cpp", bin_dir, "--by-suite")
+    assert no_depth.exit_code == 1 and "llama-bench printed no result at depth" in no_depth.stderr
+    assert len(no_depth.stderr.strip().splitlines()) == 1 and "Traceback" not in no_depth.output
     missing = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--compare-llama-cpp", tmp_path)
     assert missing.exit_code == 1 and "llama-bench not found" in missing.stderr
