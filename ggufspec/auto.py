@@ -75,13 +75,15 @@ class AutoDrafter(Drafter):
     explore = 0.15
 
     def __init__(self, verification: Verification, *, lookup: LookupDrafter, model: ModelDrafter | None = None,
-                 model_max: int | None = None, lookup_max: int | None = None, draft_cost: float | None = None):
+                 model_max: int | None = None, lookup_max: int | None = None, draft_cost: float | None = None,
+                 model_p_min: float | None = None):
         self.verification = verification  # how rounds are verified, and what that costs (measured at load)
         self.costs: Costs = verification.costs
         self._n_past = 0  # tokens in the target's cache at the round being planned (exactness ends at exact_kv)
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
+        self.model_p_min = model_p_min  # --draft-p-min; None: where another drafted token stops paying (p_min_for)
         self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
@@ -154,8 +156,24 @@ class AutoDrafter(Drafter):
         if source == "lookup":
             return Draft(match[:n], None, time.perf_counter() - start, "lookup", agreement)
         if source == "draft":
+            self.model.p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n)
+            self.model.one_more_is_free = self._one_more_is_free
             return self.model.propose(history, n, params, rng, noise=noise)
         return Draft([], None, time.perf_counter() - start, "target")
+
+    def p_min_for(self, n: int) -> float:
+        """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,
+        in target steps (a draft step, and the verify batch's cost per row at n), against the one step it
+        saves when accepted, which is about as likely as the draft is sure of it (a draft of the same family)."""
+        rows = (self.costs.batch_seconds(n + 1) - self.costs.batch_seconds(1)) / n * self.target_scale
+        return min(0.9, (self.draft_cost + rows) / self.step_cost)
+
+    def _verify_seconds(self, rows: int) -> float:
+        return self.costs.verify_seconds(rows, self.verification.batch_limit(self._n_past + rows))
+
+    def _one_more_is_free(self, k: int) -> bool:
+        """Whether a draft of k + 1 tokens verifies no dearer than one of k, here now."""
+        return self._verify_seconds(k + 2) <= self._verify_seconds(k + 1)
 
     def observe(self, r: Round) -> None:
         """Learn from a finished round: acceptance by source, and how fast the machine runs now."""

@@ -7,7 +7,7 @@ import sys
 
 from . import backend, devices, runtime, system
 from .costs import Costs
-from .measure import bad_entries, load_cache
+from .measure import bad_entries, is_current, load_cache
 from .verification import Verification
 from .paths import costs_file, models_dir
 
@@ -21,7 +21,7 @@ def _quant(path: str) -> str | None:
 
     try:
         return read_info(path).file_type
-    except GGUFSpecError:  # gone or damaged since it was measured: the figures still stand
+    except GGUFSpecError:  # unreadable as GGUF metadata (it ran, so llama.cpp read it): the figures still stand
         return None
 
 
@@ -34,8 +34,8 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
         if key in damaged or key.endswith("|draft"):
             continue
         if key.endswith(f"machine {machine_id}"):
-            if "exact_kv" not in entry:
-                continue  # measured before exactness was checked at length: never read again
+            if "exact_kv" not in entry or not is_current(key):
+                continue  # an older version's measurement, or of a file since changed or gone: never read again
             c = Costs(entry["target_batch_seconds"], entry["exact_batch"], exact_kv=entry["exact_kv"])
             parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|machine id
             mine.append({"model": parts[0], "threads": parts[3][1:], "n_gpu_layers": parts[4][3:],

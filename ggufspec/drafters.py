@@ -10,6 +10,7 @@ wants to learn travels with its own proposal. `reset(prompt_tokens)` starts a ge
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -51,6 +52,9 @@ class ModelDrafter(Drafter):
     def __init__(self, ctx: Target, *, p_min: float = 0.0, target_n_vocab: int | None = None):
         self.ctx = ctx
         self.p_min = p_min
+        # Where p_min would stop a draft of k tokens: whether k + 1 verify no dearer (CPU kernels take rows
+        # 2 or 4 at a time, so a batch of 4 can cost less than one of 3), and the unsure token goes too.
+        self.one_more_is_free: Callable[[int], bool] | None = None
         self.target_n_vocab = target_n_vocab or ctx.n_vocab
         self.n_shared = min(ctx.n_vocab, self.target_n_vocab)
         self._committed = 0  # a prefix of the KV cache known to agree with every later history
@@ -103,21 +107,25 @@ class ModelDrafter(Drafter):
         qs: list[np.ndarray] | None = None if picker else []
         while True:
             t = len(history) + len(tokens)  # the position this token would take
+            q = None if picker is not None else probs_from_logits(logits, params)
+            unsure = self.p_min > 0.0 and (self._confidence(logits, params) if q is None else float(q.max())) < self.p_min
+            if unsure and not self._free(len(tokens)):
+                break
             if picker is not None:
-                if self.p_min > 0.0 and self._confidence(logits, params) < self.p_min:
-                    break
                 x = picker.pick(logits, t)
             else:
-                q = probs_from_logits(logits, params)
-                if self.p_min > 0.0 and q.max() < self.p_min:
-                    break
                 x = sample(q, rng)
                 qs.append(np.pad(q, (0, self.target_n_vocab - len(q))))  # q = 0 where the draft has no token
             tokens.append(x)
-            if len(tokens) >= draft_max:
+            if unsure or len(tokens) >= draft_max:
                 break
             logits = self.ctx.decode([x], logits="last")[0][: self.n_shared]
         return Draft(tokens, qs, time.perf_counter() - start, self.name)
+
+    def _free(self, k: int) -> bool:
+        """Whether a draft p_min would stop at k tokens may take the unsure token all the same (and stop
+        there): a batch with it verifies no dearer than one without."""
+        return k > 0 and self.one_more_is_free is not None and self.one_more_is_free(k)
 
     @staticmethod
     def _confidence(logits: np.ndarray, params: SamplingParams) -> float:

@@ -146,12 +146,13 @@ class Engine(Closing):
             raise GGUFSpecError(f"mode '{mode}' needs a draft model (-md DRAFT)")
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:
-            model.p_min = s.draft_p_min
+            model.p_min = s.draft_p_min or 0.0
         if mode == "auto" or (mode == "lookup" and self.costs is not None):
             # auto's draft model: up to --draft-max, or as far as the measured batches reach
             model_max = s.draft_max or len(self.costs.target_batch_seconds) - 1
             auto = AutoDrafter(verification, lookup=LookupDrafter(), model=model if mode == "auto" else None,
-                               model_max=model_max, lookup_max=s.lookup_max)
+                               model_max=model_max, lookup_max=s.lookup_max,
+                               model_p_min=s.draft_p_min)
             return auto, max(model_max, s.lookup_max)
         return {"draft": model, "lookup": LookupDrafter()}.get(mode), s.draft_max or DRAFT_MAX
 

@@ -46,7 +46,9 @@ class GenerationSettings(SamplingParams):
     # measured costs say pay (a batch of 8 can cost less per token than one of 5).
     draft_max: int | None = None
     draft_min: int = 0
-    draft_p_min: float = 0.0
+    # Stop a model draft at a token the draft is less sure of than this. None: in draft mode never; in auto,
+    # where another token costs more than it is likely to return (from the measured costs, ~0.5 on a CPU).
+    draft_p_min: float | None = None
     # Prompt lookup copies runs of the prompt: its drafts are free, so they may be longer than the
     # draft model's; in lookup and auto modes the measured costs choose how much of a copy pays.
     lookup_max: int = LOOKUP_MAX
@@ -80,7 +82,7 @@ class GenerationSettings(SamplingParams):
             (self.draft_max is None or self.draft_max >= 1, f"--draft-max must be at least 1 (got {self.draft_max})"),
             (0 <= self.draft_min and (self.draft_max is None or self.draft_min <= self.draft_max),
              f"--draft-min must be between 0 and --draft-max={self.draft_max} (got {self.draft_min})"),
-            (0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
+            (self.draft_p_min is None or 0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
             (self.lookup_max >= 1, f"--lookup-max must be at least 1 (got {self.lookup_max})"),
             (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
             (self.mode in MODES, f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})"),

@@ -108,6 +108,18 @@ def _key(ctx: Context) -> str:
             f"|exact@{LONG_KV}kv|b{MAX_BATCH}|machine {machine()['id']}")
 
 
+def is_current(key: str) -> bool:
+    """Whether this version would read the entry under `key` today: its format, and its file as it was measured."""
+    parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id[|draft]
+    if f"|exact@{LONG_KV}kv|b{MAX_BATCH}|machine " not in key:
+        return False
+    try:
+        st = os.stat(parts[0])
+    except OSError:
+        return False
+    return parts[1:3] == [str(st.st_size), str(st.st_mtime_ns)]
+
+
 def load_cache() -> dict:
     """Every cached entry, this machine's and others' (keys end in `machine <id>`)."""
     try:

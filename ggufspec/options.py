@@ -99,7 +99,9 @@ def sampling_options(fn):
         click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=int, default=None,
                      help="Fewest drafted tokens worth verifying."),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float, default=None,
-                     help="Stop drafting when the draft's own confidence falls below this."),
+                     help="Stop drafting when the draft's own confidence falls below this (default: "
+                          "never in draft mode; in auto, where another drafted token costs more than it "
+                          "is likely to save, from the measured costs)."),
         click.option("--lookup-max", "--spec-ngram-simple-size-m", "lookup_max", type=int, default=None,
                      help="Most tokens a prompt-lookup draft copies per round (default 63; the measured costs "
                           "choose how many of them pay)."),

@@ -52,6 +52,19 @@ def test_draft_model_never_chosen_where_it_cannot_pay():
     assert best_model < 1 / 0.043
 
 
+def test_auto_cuts_model_drafts_where_another_token_costs_more_than_it_returns():
+    # a draft step 0.15 of a target step and a verify row 0.025: a token the draft is less than 0.175 sure of
+    # loses; where each verified row costs most of a step the cut is high (0.9 at most: a sure token still goes)
+    gpu = AutoDrafter(Verification.of(gpu_like(), False), lookup=LookupDrafter(), draft_cost=0.006)
+    assert gpu.p_min_for(4) == pytest.approx((0.006 + (0.044 - 0.040) / 4) / 0.040)
+    cpu = AutoDrafter(Verification.of(cpu_like(), False), lookup=LookupDrafter(), draft_cost=0.025)
+    assert cpu.p_min_for(4) == 0.9
+    # rows taken 2 at a time: a batch of 4 costs less than one of 3, so a 3-token draft cut at 2 keeps its third
+    pairs = Costs([0.070, 0.097, 0.165, 0.140, 0.200, 0.188], 6, 0.015)
+    d = AutoDrafter(Verification.of(pairs, True), lookup=LookupDrafter(), draft_cost=0.015)
+    assert [k for k in range(1, 5) if d._one_more_is_free(k)] == [2, 4]
+
+
 def test_draft_model_chosen_where_verification_is_nearly_free():
     d = AutoDrafter(Verification.of(gpu_like(), False), lookup=LookupDrafter(), draft_cost=0.006)
     assert max(d.rate(0.7, k, 0.006) for k in range(1, 9)) > 1.5 / 0.040

@@ -220,6 +220,26 @@ def test_a_damaged_cost_entry_is_measured_again_and_doctor_names_the_file(tiny, 
     assert "damaged entr" not in run("doctor").output  # measured again and rewritten
 
 
+def test_doctor_shows_only_the_measurements_a_run_would_read(tiny, tmp_path):
+    from ggufspec.paths import costs_file
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(Path(tiny["target"]).read_bytes())
+    assert run("generate", "-m", target, "-md", tiny["close"], "-p", "hi", "-n", 4).exit_code == 0
+    listed = lambda: [c["model"] for c in json.loads(run("doctor", "--json").output)["costs"]]
+    assert listed() == [str(target.resolve())]
+    cache = json.loads(costs_file().read_text())
+    (key,) = [k for k in cache if k.startswith(str(target.resolve())) and not k.endswith("|draft")]
+    older = key.replace("|b64|", "|b16|")  # an earlier version's measurement of the same file
+    assert older != key
+    costs_file().write_text(json.dumps({**cache, older: cache[key]}))
+    assert listed() == [str(target.resolve())]
+    os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))  # the file changed since: measured anew when run
+    assert listed() == []
+    target.unlink()
+    assert listed() == [] and "measured costs on this machine: none yet" in run("doctor").output
+
+
 def test_a_full_disk_leaves_no_temporary_cost_file(tiny, monkeypatch):
     from ggufspec import measure as costs
     from ggufspec.paths import costs_file

@@ -61,6 +61,32 @@ def test_draft_p_min_stops_drafting_early(pairs):
     assert strict.n_drafted < loose.n_drafted
 
 
+def test_a_draft_cut_by_p_min_takes_the_unsure_token_only_where_it_verifies_free(pairs):
+    import copy
+
+    from ggufspec.sampling import max_prob
+
+    engine, greedy, rng = pairs["far"], SamplingParams(), np.random.default_rng(0)
+    history = engine.tokenize_prompt("hello world")
+    drafter = copy.copy(engine.model_drafter)
+    drafter.reset(history)
+    full = drafter.propose(history, 12, greedy, rng).tokens
+    sure = []  # the draft's own confidence in each token it drafted
+    for k in range(len(full)):
+        drafter.ctx.clear()
+        sure.append(max_prob(drafter.ctx.decode(history + full[:k], logits="last")[0]))
+    k = next(i for i in range(1, len(full)) if sure[i] < min(sure[:i]))  # the first token less sure than all before
+    drafter.reset(history)
+    drafter.p_min = (sure[k] + min(sure[:k])) / 2
+    assert drafter.propose(history, 12, greedy, rng).tokens == full[:k]
+    asked = []
+    drafter.one_more_is_free = lambda n: asked.append(n) or True  # a batch of k + 2 costs no more than k + 1
+    assert drafter.propose(history, 12, greedy, rng).tokens == full[:k + 1]  # the unsure token, and no further
+    assert asked == [k]
+    drafter.one_more_is_free = lambda n: False
+    assert drafter.propose(history, 12, greedy, rng).tokens == full[:k]
+
+
 def test_draft_min_skips_short_drafts(pairs):
     kw = dict(max_tokens=60, draft_max=3, draft_p_min=0.6, ignore_eos=True, mode="draft")
     loose = pairs["far"].generate("hello world", **kw).stats
