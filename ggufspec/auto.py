@@ -165,10 +165,11 @@ class AutoDrafter(Drafter):
         """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,
         in target steps (a draft step, and the verify batch's cost per row at n), against the one step it
         saves when accepted, which is about as likely as the draft is sure of it (a draft of the same family)."""
-        rows = (self.costs.batch_seconds(n + 1) - self.costs.batch_seconds(1)) / n * self.target_scale
+        rows = (self._verify_seconds(n + 1) - self._verify_seconds(1)) / n * self.target_scale
         return min(0.9, (self.draft_cost + rows) / self.step_cost)
 
     def _verify_seconds(self, rows: int) -> float:
+        """Seconds (at load's speed) to verify a round of this many rows from here, as the loop decodes it."""
         return self.costs.verify_seconds(rows, self.verification.batch_limit(self._n_past + rows))
 
     def _one_more_is_free(self, k: int) -> bool:

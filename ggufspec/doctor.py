@@ -34,10 +34,10 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
         if key in damaged or key.endswith("|draft"):
             continue
         if key.endswith(f"machine {machine_id}"):
-            if "exact_kv" not in entry or not is_current(key):
+            if not is_current(key):
                 continue  # an older version's measurement, or of a file since changed or gone: never read again
-            c = Costs(entry["target_batch_seconds"], entry["exact_batch"], exact_kv=entry["exact_kv"])
-            parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|machine id
+            c = Costs(entry["target_batch_seconds"], entry["exact_batch"], exact_kv=entry.get("exact_kv"))
+            parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id
             mine.append({"model": parts[0], "threads": parts[3][1:], "n_gpu_layers": parts[4][3:],
                          "placement": parts[5] if len(parts) > 6 else "default", "target_step_seconds": c.target_token_seconds,
                          "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,

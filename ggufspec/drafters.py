@@ -108,7 +108,7 @@ class ModelDrafter(Drafter):
         while True:
             t = len(history) + len(tokens)  # the position this token would take
             q = None if picker is not None else probs_from_logits(logits, params)
-            unsure = self.p_min > 0.0 and (self._confidence(logits, params) if q is None else float(q.max())) < self.p_min
+            unsure = self.p_min > 0.0 and self._confidence(logits, params, q) < self.p_min
             if unsure and not self._free(len(tokens)):
                 break
             if picker is not None:
@@ -128,7 +128,10 @@ class ModelDrafter(Drafter):
         return k > 0 and self.one_more_is_free is not None and self.one_more_is_free(k)
 
     @staticmethod
-    def _confidence(logits: np.ndarray, params: SamplingParams) -> float:
+    def _confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None = None) -> float:
+        """The draft's probability of its likeliest token (q: the shaped distribution, where already built)."""
+        if q is not None:
+            return float(q.max())
         return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params).max())
 
 

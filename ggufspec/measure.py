@@ -101,17 +101,21 @@ def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
     return best
 
 
+# What this version measures, in every key: entries of other versions are never read (measured again).
+_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}"
+
+
 def _key(ctx: Context) -> str:
     m = ctx.model
     st = m.path.stat()
     return (f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}"
-            f"|exact@{LONG_KV}kv|b{MAX_BATCH}|machine {machine()['id']}")
+            f"|{_FORMAT}|machine {machine()['id']}")
 
 
 def is_current(key: str) -> bool:
     """Whether this version would read the entry under `key` today: its format, and its file as it was measured."""
     parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id[|draft]
-    if f"|exact@{LONG_KV}kv|b{MAX_BATCH}|machine " not in key:
+    if f"|{_FORMAT}|machine " not in key:
         return False
     try:
         st = os.stat(parts[0])
