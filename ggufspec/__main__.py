@@ -1,5 +1,5 @@
 """`python -m ggufspec` is the `ggufspec` command."""
 
-from .entry import main
+from .cli.entry import main
 
 main()

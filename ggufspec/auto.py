@@ -24,7 +24,8 @@ import numpy as np
 
 from .core import Draft, Round
 from .costs import MARGIN, MAX_BATCH, Costs
-from .drafters import Drafter, LookupDrafter, ModelDrafter
+from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
+from .errors import GGUFSpecError
 from .sampling import SamplingParams
 from .verification import Verification
 
@@ -74,12 +75,11 @@ class AutoDrafter(Drafter):
     # in this text (a copy of the prompt) they do.
     explore = 0.15
 
-    def __init__(self, verification: Verification, *, lookup: LookupDrafter, model: ModelDrafter | None = None,
-                 model_max: int | None = None, lookup_max: int | None = None, draft_cost: float | None = None,
-                 model_p_min: float | None = None):
-        self.verification = verification  # how rounds are verified, and what that costs (measured at load)
-        self.costs: Costs = verification.costs
-        self._n_past = 0  # tokens in the target's cache at the round being planned (exactness ends at exact_kv)
+    def __init__(self, verification: Verification, costs: Costs, *, lookup: LookupDrafter,
+                 model: ModelDrafter | None = None, model_max: int | None = None, lookup_max: int | None = None,
+                 draft_cost: float | None = None, model_p_min: float | None = None):
+        self.verification = verification  # how rounds are verified (which batches, up to which cache length)
+        self.costs = costs  # what decoding costs here (measured at load)
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
@@ -127,54 +127,55 @@ class AutoDrafter(Drafter):
 
     # The cost table's speed-ups hold at the shape measured at load; the target now runs at
     # target_scale times that, which is the same as a draft step target_scale times cheaper.
-    def rate(self, a: float, n_draft: int, draft_step: float) -> float:
-        """Expected tokens per second of a round drafting n_draft tokens now."""
-        return self.verification.speedup(a, n_draft, draft_step / self.target_scale, self._n_past) / self.step_cost
+    def rate(self, a: float, n_draft: int, draft_step: float, n_past: int) -> float:
+        """Expected tokens per second of a round drafting n_draft tokens now, from n_past cached tokens."""
+        limit = self.verification.batch_limit(n_past + n_draft + 1)
+        return self.costs.speedup(a, n_draft, draft_step / self.target_scale, limit) / self.step_cost
 
     # -- the choice ---------------------------------------------------------------------------
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
                 *, noise=None) -> Draft:
         start = time.perf_counter()
-        self._n_past = len(history) - 1
+        n_past = len(history) - 1  # exactness ends at exact_kv, so what a batch costs depends on it
         best = ("target", 0, self.margin / self.step_cost)
         longest_copy = min(draft_max, self.lookup_max or draft_max)
         match, agreement = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0)
         if match:
             a = self.lookup_alpha[lookup_bucket(agreement)].optimistic(self.explore)
             for n in range(1, len(match) + 1):
-                r = self.rate(a, n, 0.0)
+                r = self.rate(a, n, 0.0, n_past)
                 if r > best[2]:
                     best = ("lookup", n, r)
         if self.model is not None and self.draft_cost:
             a = self.model_alpha.value
             for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
-                r = self.rate(a, n, self.draft_cost)
+                r = self.rate(a, n, self.draft_cost, n_past)
                 if r > best[2]:
                     best = ("draft", n, r)
         source, n, _ = best
         if source == "lookup":
-            return Draft(match[:n], None, time.perf_counter() - start, "lookup", agreement)
+            return Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement)
         if source == "draft":
-            self.model.p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n)
-            self.model.one_more_is_free = self._one_more_is_free
-            return self.model.propose(history, n, params, rng, noise=noise)
-        return Draft([], None, time.perf_counter() - start, "target")
+            p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
+            return self.model.propose(history, n, params, rng, noise=noise, p_min=p_min,
+                                      may_extend=lambda k: self.one_more_is_free(k, n_past))
+        return Draft(tokens=[], seconds=time.perf_counter() - start, source="target")
 
-    def p_min_for(self, n: int) -> float:
+    def p_min_for(self, n: int, n_past: int) -> float:
         """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,
         in target steps (a draft step, and the verify batch's cost per row at n), against the one step it
         saves when accepted, which is about as likely as the draft is sure of it (a draft of the same family)."""
-        rows = (self._verify_seconds(n + 1) - self._verify_seconds(1)) / n * self.target_scale
+        rows = (self._verify_seconds(n + 1, n_past) - self._verify_seconds(1, n_past)) / n * self.target_scale
         return min(0.9, (self.draft_cost + rows) / self.step_cost)
 
-    def _verify_seconds(self, rows: int) -> float:
-        """Seconds (at load's speed) to verify a round of this many rows from here, as the loop decodes it."""
-        return self.costs.verify_seconds(rows, self.verification.batch_limit(self._n_past + rows))
+    def _verify_seconds(self, rows: int, n_past: int) -> float:
+        """Seconds (at load's speed) to verify a round of this many rows from n_past, as the loop decodes it."""
+        return self.costs.verify_seconds(rows, self.verification.batch_limit(n_past + rows))
 
-    def _one_more_is_free(self, k: int) -> bool:
-        """Whether a draft of k + 1 tokens verifies no dearer than one of k, here now."""
-        return self._verify_seconds(k + 2) <= self._verify_seconds(k + 1)
+    def one_more_is_free(self, k: int, n_past: int) -> bool:
+        """Whether a draft of k + 1 tokens verifies no dearer than one of k, from n_past cached tokens."""
+        return self._verify_seconds(k + 2, n_past) <= self._verify_seconds(k + 1, n_past)
 
     def observe(self, r: Round) -> None:
         """Learn from a finished round: acceptance by source, and how fast the machine runs now."""
@@ -187,5 +188,33 @@ class AutoDrafter(Drafter):
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
         rows = r.n_drafted + 1  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
-        if r.target_seconds > 0 and self.verification.one_call(rows, self._n_past) and not r.ties_settled:
+        if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
+
+
+def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, model: ModelDrafter | None = None,
+                 lookup: LookupDrafter | None = None, draft_max: int | None = None, lookup_max: int | None = None,
+                 p_min: float | None = None) -> tuple[Drafter | None, int]:
+    """The one drafter factory (Engine and GGUFDraftModel): a fresh drafter for one generation and its
+    round budget. draft: the draft model, draft_max tokens (DRAFT_MAX without one); lookup: with measured
+    costs, the cost-aware planner over lookup alone (a copy is drafted as far as it pays, and not at all
+    where it does not), without them lookup drafts of draft_max; auto: the planner over lookup and the
+    draft model (up to draft_max, or as far as the measured batches reach). Lookup drafts run to
+    lookup_max. target and draft-alone: no drafter. model, lookup: the drafters to use (a ModelDrafter of the
+    generation's own; a LookupDrafter whose index the caller keeps), else fresh ones."""
+    if mode in ("target", "draft-alone"):
+        return None, 0
+    if mode == "draft":
+        if model is None:
+            raise GGUFSpecError("mode 'draft' needs a draft model (-md DRAFT)")
+        return model, draft_max or DRAFT_MAX
+    if mode == "auto" and costs is None:
+        raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
+    lookup = lookup or LookupDrafter()
+    if mode == "lookup" and costs is None:
+        return lookup, draft_max or DRAFT_MAX
+    model_max = draft_max or len(costs.target_batch_seconds) - 1
+    lookup_max = lookup_max or model_max
+    auto = AutoDrafter(verification, costs, lookup=lookup, model=model if mode == "auto" else None,
+                       model_max=model_max, lookup_max=lookup_max, model_p_min=p_min)
+    return auto, max(model_max, lookup_max)

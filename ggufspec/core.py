@@ -11,13 +11,46 @@ from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
-# auto: per round, whatever pays (no draft / lookup / draft model); target: no drafting; draft: the
-# draft model; lookup: prompt n-grams; draft-alone: the draft model generating by itself (a baseline
-# for the benchmark: its text is the draft's, not the target's).
-MODES = ("auto", "target", "draft", "lookup", "draft-alone")
-DRAFTING_MODES = ("draft", "lookup", "auto")  # modes that speculate (their text is the target's)
-MODEL_MODES = ("draft", "draft-alone")  # modes that need a draft model
-LLAMA_MODES = ("auto", "draft", "lookup")  # what a draft for llama-cpp-python's `Llama` can do
+from .errors import GGUFSpecError
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A way to generate: which drafter speculates for the target, if any."""
+
+    name: str
+    help: str
+    speculates: bool = False  # its text is the target's own (the guarantees hold)
+    needs_draft_model: bool = False
+    for_llama: bool = False  # a draft for llama-cpp-python's `Llama` can work this way (GGUFDraftModel)
+
+
+# The one table of modes, in the order the benchmark shows them; the CLI, the benchmark, `ggufspec tune`,
+# GGUFDraftModel and the server read it.
+MODE_TABLE = (
+    Mode("target", "the target alone: plain decoding, no draft"),
+    Mode("draft-alone", "the draft model generating by itself (a baseline: its text is the draft's)",
+         needs_draft_model=True),
+    Mode("draft", "the draft model proposes, the target verifies", speculates=True, needs_draft_model=True,
+         for_llama=True),
+    Mode("lookup", "n-grams of the prompt and output are copied, no second model", speculates=True, for_llama=True),
+    Mode("auto", "per round, whatever the measured costs say pays: no draft, lookup or the draft model",
+         speculates=True, for_llama=True),
+)
+MODES = tuple(m.name for m in MODE_TABLE)
+DEFAULT_MODE = "auto"
+DRAFTING_MODES = tuple(m.name for m in MODE_TABLE if m.speculates)  # their text is the target's
+MODEL_MODES = tuple(m.name for m in MODE_TABLE if m.needs_draft_model)
+LLAMA_MODES = tuple(m.name for m in MODE_TABLE if m.for_llama)
+
+
+def mode(name: str) -> Mode:
+    """The mode of this name; GGUFSpecError naming the choices for any other."""
+    for m in MODE_TABLE:
+        if m.name == name:
+            return m
+    raise GGUFSpecError(f"unknown mode {name!r}; choose from {', '.join(MODES)}")
+
 
 Logits = Literal["all", "last", "none"]
 
@@ -38,7 +71,7 @@ class Target(Protocol):
     def start(self, prompt_tokens: list[int], reuse: bool = False) -> int: ...
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Draft:
     """A drafter's proposal."""
 
@@ -49,16 +82,17 @@ class Draft:
     agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Round:
     """What one step produced."""
 
     tokens: list[int]  # accepted drafts + the target's token
-    n_drafted: int
-    n_accepted: int
-    draft_seconds: float
-    target_seconds: float
-    draft: Draft = field(default_factory=lambda: Draft([]))  # what the drafter proposed (before --draft-min)
+    n_past: int = 0  # tokens in the target's cache when the round began
+    n_drafted: int = 0
+    n_accepted: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    draft: Draft = field(default_factory=lambda: Draft(tokens=[]))  # what the drafter proposed (before --draft-min)
     ties_settled: int = 0
     tie_gaps: list[float] = field(default_factory=list)
     seconds: float = 0.0  # the whole round: planning, drafting, verifying, the drafter's bookkeeping

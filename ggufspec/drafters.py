@@ -1,6 +1,6 @@
 """Candidate generators: where draft tokens come from, behind one small interface.
 
-A drafter answers `propose(history, draft_max, params, rng) -> Draft`. `history` is every token
+A drafter answers `propose(history, draft_max, params, rng, ...) -> Draft`. `history` is every token
 so far (prompt + output, ending with the last accepted token, which no model has seen yet).
 After the target has verified a draft, the loop calls `observe(round)`: the round carries the
 `Draft` the drafter returned and how many of its tokens were accepted, so whatever a drafter
@@ -17,6 +17,10 @@ import numpy as np
 from .core import Draft, Round, Target
 from .sampling import Picker, PositionNoise, SamplingParams, max_prob, probs_from_logits, sample
 
+# The draft mode's draft length when --draft-max is not given (auto then drafts with the model as far as
+# the measured costs say pays, up to the largest measured batch).
+DRAFT_MAX = 4
+
 
 class Drafter:
     """The interface, with no-op defaults: a drafter that never proposes anything."""
@@ -32,7 +36,7 @@ class Drafter:
         """Up to draft_max tokens that may follow `history`. noise: sampled rounds verify by the coupled
         rule (the target keeps a draft token only if it equals its own argmax(log p + G_t)): a drafter
         that samples proposes argmax(log q + G_t) with the same noise."""
-        return Draft([])
+        return Draft(tokens=[])
 
     def observe(self, round_: Round) -> None:
         """The target verified this drafter's proposal: `round_.draft` and `round_.n_accepted`."""
@@ -51,10 +55,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, ctx: Target, *, p_min: float = 0.0, target_n_vocab: int | None = None):
         self.ctx = ctx
-        self.p_min = p_min
-        # Where p_min would stop a draft of k tokens: whether k + 1 verify no dearer (CPU kernels take rows
-        # 2 or 4 at a time, so a batch of 4 can cost less than one of 3), and the unsure token goes too.
-        self.one_more_is_free: Callable[[int], bool] | None = None
+        self.p_min = p_min  # a draft stops at a token it is less sure of than this (--draft-p-min), unless told otherwise
         self.target_n_vocab = target_n_vocab or ctx.n_vocab
         self.n_shared = min(ctx.n_vocab, self.target_n_vocab)
         self._committed = 0  # a prefix of the KV cache known to agree with every later history
@@ -94,11 +95,17 @@ class ModelDrafter(Drafter):
         return [self._own(t) for t in history[i:]]
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
-                *, noise: PositionNoise | None = None) -> Draft:
+                *, noise: PositionNoise | None = None, p_min: float | None = None,
+                may_extend: Callable[[int], bool] | None = None) -> Draft:
+        """As `Drafter.propose`; the draft stops at the first token it is less sure of than p_min (default:
+        the drafter's own), unless may_extend(k) says a draft of k + 1 tokens verifies no dearer than one of
+        k (CPU kernels take rows 2 or 4 at a time, so a batch of 4 can cost less than one of 3): then the
+        unsure token goes too, and the draft stops after it."""
         start = time.perf_counter()
+        p_min = self.p_min if p_min is None else p_min
         draft_max = min(draft_max, self.ctx.n_ctx - len(history))
         if draft_max <= 0:
-            return Draft([], source=self.name)
+            return Draft(tokens=[], source=self.name)
         pending = self._sync(history)
         logits = self.ctx.decode(pending, logits="last")[0][: self.n_shared]
         self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
@@ -108,8 +115,8 @@ class ModelDrafter(Drafter):
         while True:
             t = len(history) + len(tokens)  # the position this token would take
             q = None if picker is not None else probs_from_logits(logits, params)
-            unsure = self.p_min > 0.0 and self._confidence(logits, params, q) < self.p_min
-            if unsure and not self._free(len(tokens)):
+            unsure = p_min > 0.0 and self._confidence(logits, params, q) < p_min
+            if unsure and not (tokens and may_extend is not None and may_extend(len(tokens))):
                 break
             if picker is not None:
                 x = picker.pick(logits, t)
@@ -120,12 +127,7 @@ class ModelDrafter(Drafter):
             if unsure or len(tokens) >= draft_max:
                 break
             logits = self.ctx.decode([x], logits="last")[0][: self.n_shared]
-        return Draft(tokens, qs, time.perf_counter() - start, self.name)
-
-    def _free(self, k: int) -> bool:
-        """Whether a draft p_min would stop at k tokens may take the unsure token all the same (and stop
-        there): a batch with it verifies no dearer than one without."""
-        return k > 0 and self.one_more_is_free is not None and self.one_more_is_free(k)
+        return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
 
     @staticmethod
     def _confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None = None) -> float:
@@ -193,4 +195,4 @@ class LookupDrafter(Drafter):
         start = time.perf_counter()
         tokens, m = self.match(history, draft_max) if draft_max > 0 else ([], 0)
         # A deterministic drafter: q is one-hot on each proposal, which the loop builds (q=None).
-        return Draft(tokens, None, time.perf_counter() - start, self.name, m)
+        return Draft(tokens=tokens, seconds=time.perf_counter() - start, source=self.name, agreement=m)

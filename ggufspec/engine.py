@@ -17,18 +17,17 @@ from typing import Iterator
 
 import numpy as np
 
-from .auto import AutoDrafter
-from .backend import Closing, Context, Model
-from .runtime import set_verbose
-from .compat import check_compatible
+from .auto import make_drafter
+from .llama.backend import Closing, Context, Model
+from .llama.runtime import set_verbose
+from .llama.compat import check_compatible
 from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
-from .drafters import Drafter, LookupDrafter, ModelDrafter
-from .errors import GGUFSpecError
-from .generation import DRAFT_MAX, Chunk, Generation, GenerationSettings, Result, resolve_settings
-from .measure import costs_for
-from .prompts import check_messages
-from .rpc import devices_for
-from .system import check_threads
+from .drafters import ModelDrafter
+from .errors import GGUFSpecError, exactly_one
+from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
+from .llama.measure import costs_for
+from .llama.rpc import devices_for
+from .llama.system import check_threads
 from .verification import Verification
 
 __all__ = ["Engine", "GenerationSettings", "Chunk", "Result", "Stats", "MODES"]
@@ -95,7 +94,8 @@ class Engine(Closing):
         """What `ggufspec costs` prints: the measured table, the ceiling, where each drafter pays."""
         v = self.verification()
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
-                "threads": self.target_ctx.n_threads, "exact": v.exact, **v.report(self.target_model.info.file_type)}
+                "threads": self.target_ctx.n_threads, "exact": v.exact,
+                **self.costs.report(v.batch_limit(), self.target_model.info.file_type)}
 
     @property
     def n_ctx(self) -> int:
@@ -107,9 +107,7 @@ class Engine(Closing):
         """Prompt text or bytes (tokenized as llama.cpp does: bytes as they are, whatever their
         encoding) or chat messages (through the GGUF's template)."""
         self._check_open()
-        if (prompt is None) == (messages is None):
-            raise GGUFSpecError("give exactly one of a prompt or chat messages")
-        if messages is not None:
+        if exactly_one({"a prompt": prompt, "chat messages": messages}) == "chat messages":
             tokens = self.target_model.tokenize_chat(check_messages(messages))
         elif isinstance(prompt, (str, bytes)):
             tokens = self.target_model.tokenize(prompt)
@@ -133,29 +131,6 @@ class Engine(Closing):
 
     # -- generation ---------------------------------------------------------------------------
 
-    def _drafter(self, s: GenerationSettings, verification: Verification) -> tuple[Drafter | None, int]:
-        """A fresh drafter for one generation, and its round budget. auto: the cost-aware planner over
-        lookup and the draft model; lookup: the same planner over lookup alone (a copy is drafted as far
-        as it pays, and not at all where it does not), or, without measured costs, lookup drafts of
-        --draft-max tokens. Lookup drafts run to --lookup-max, the draft model's to --draft-max (auto without
-        one: as far as the measured costs say pays)."""
-        mode = s.mode
-        if mode == "auto" and self.costs is None:
-            raise GGUFSpecError("mode 'auto' needs the measured costs (Engine(measure=True))")
-        if mode == "draft" and self.model_drafter is None:
-            raise GGUFSpecError(f"mode '{mode}' needs a draft model (-md DRAFT)")
-        model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
-        if model is not None:
-            model.p_min = s.draft_p_min or 0.0
-        if mode == "auto" or (mode == "lookup" and self.costs is not None):
-            # auto's draft model: up to --draft-max, or as far as the measured batches reach
-            model_max = s.draft_max or len(self.costs.target_batch_seconds) - 1
-            auto = AutoDrafter(verification, lookup=LookupDrafter(), model=model if mode == "auto" else None,
-                               model_max=model_max, lookup_max=s.lookup_max,
-                               model_p_min=s.draft_p_min)
-            return auto, max(model_max, s.lookup_max)
-        return {"draft": model, "lookup": LookupDrafter()}.get(mode), s.draft_max or DRAFT_MAX
-
     def stream(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,
                **overrides) -> Iterator[Chunk]:
@@ -167,38 +142,36 @@ class Engine(Closing):
         """
         s = resolve_settings(settings, overrides)
         self._check_open()
-        given = [x for x in (prompt, messages, prompt_tokens) if x is not None]
-        if len(given) != 1:
-            raise GGUFSpecError("give exactly one of a prompt, chat messages or prompt_tokens")
+        exactly_one({"a prompt": prompt, "chat messages": messages, "prompt_tokens": prompt_tokens})
         generation = self._begin()
         try:
-            yield from self._run(generation, s, prompt, messages, prompt_tokens)
+            self._check_open()
+            tokens = self.tokenize_prompt(prompt, messages) if prompt_tokens is None else self._check_prompt(prompt_tokens)
+            yield from self._build(s, [int(t) for t in tokens]).chunks(lambda: self._before_round(generation))
         finally:
             self._end(generation)
 
-    def _run(self, generation: int, s: GenerationSettings, prompt, messages, prompt_tokens) -> Iterator[Chunk]:
-        self._check_open()
-        if prompt_tokens is None:
-            prompt_tokens = self.tokenize_prompt(prompt, messages)
-        else:
-            self._check_prompt(prompt_tokens)
-        prompt_tokens = [int(t) for t in prompt_tokens]
+    def _build(self, s: GenerationSettings, prompt_tokens: list[int]) -> Generation:
+        """One generation's parts, built here once and handed down: the context it decodes on, a fresh
+        drafter (its own ModelDrafter copy, so --draft-p-min is its own), the verification policy."""
         if s.mode == "draft-alone":  # the draft generating by itself: plain decoding on its context
             if self.draft_model is None:
                 raise GGUFSpecError("mode 'draft-alone' needs a draft model (-md DRAFT)")
-            g = Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None, Verification(tie_margin=s.tie_margin), 0)
-        else:
-            verification = self.verification(s.exact, s.tie_margin)
-            drafter, draft_max = self._drafter(s, verification)
-            g = Generation(s, prompt_tokens, self.target_model, self.target_ctx, drafter, verification, draft_max)
+            return Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None,
+                              Verification(tie_margin=s.tie_margin), 0)
+        verification = self.verification(s.exact, s.tie_margin)
+        model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
+        if model is not None:
+            model.p_min = s.draft_p_min or 0.0
+        drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
+                                          lookup_max=s.lookup_max, p_min=s.draft_p_min)
+        return Generation(s, prompt_tokens, self.target_model, self.target_ctx, drafter, verification, draft_max)
 
-        def before_round() -> None:
-            if generation != self._generation:
-                raise GGUFSpecError("this stream was superseded by a later generation on the same Engine; "
-                                    "finish or close() a stream before starting another")
-            self._check_open()
-
-        yield from g.chunks(before_round)
+    def _before_round(self, generation: int) -> None:
+        if generation != self._generation:
+            raise GGUFSpecError("this stream was superseded by a later generation on the same Engine; "
+                                "finish or close() a stream before starting another")
+        self._check_open()
 
     def _begin(self) -> int:
         """Wait for this generation's turn (see `stream`); returns its number."""
@@ -222,8 +195,7 @@ class Engine(Closing):
                  prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,
                  **overrides) -> Result:
         """Generate to completion; returns text, generated token ids, stats and why it stopped."""
-        if sum(x is not None for x in (prompt, messages, prompt_tokens)) != 1:
-            raise GGUFSpecError("give exactly one of a prompt, chat messages or prompt_tokens")
+        exactly_one({"a prompt": prompt, "chat messages": messages, "prompt_tokens": prompt_tokens})
         if prompt_tokens is None:
             prompt_tokens = self.tokenize_prompt(prompt, messages)
         parts, tokens, chunk = [], [], None

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .core import MODES, Round, Stats
+from .core import DEFAULT_MODE, MODES, Round, Stats
 from .costs import MAX_BATCH
 from .drafters import Drafter
 from .errors import GGUFSpecError
@@ -26,9 +26,6 @@ from .text import TextAssembler
 from .verification import DEFAULT_TIE_MARGIN, Verification
 
 MAX_SEED = 2**63 - 1
-# The draft mode's draft length when --draft-max is not given (auto then drafts with the model as far as
-# the measured costs say pays, up to the largest measured batch).
-DRAFT_MAX = 4
 # A prompt-lookup draft's longest: the longest measured batch less the round's last token (llama.cpp's
 # n-gram drafters copy 48 to 64 tokens); the measured costs choose how many of them pay.
 LOOKUP_MAX = MAX_BATCH - 1
@@ -41,7 +38,7 @@ class GenerationSettings(SamplingParams):
 
     max_tokens: int = 128
     seed: int | None = None
-    mode: str = "auto"
+    mode: str = DEFAULT_MODE
     # Most tokens the draft model drafts per round. None: DRAFT_MAX in draft mode; in auto, as many as the
     # measured costs say pay (a batch of 8 can cost less per token than one of 5).
     draft_max: int | None = None
@@ -138,6 +135,24 @@ def resolve_settings(settings: GenerationSettings | None, overrides: dict) -> Ge
     elif not isinstance(s.stop, tuple):
         s = replace(s, stop=tuple(s.stop))
     return s.validate()
+
+
+def check_messages(messages, where: str = "messages") -> list[dict]:
+    """Chat messages as a template needs them: a non-empty list of {"role": str, "content": str}
+    (extra keys allowed); anything else is one line naming the first bad entry."""
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)) or not messages:
+        raise GGUFSpecError(f"{where} must be a non-empty list of {{\"role\": ..., \"content\": ...}} dicts "
+                            f"(got {_short(messages)})")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
+            raise GGUFSpecError(f"{where}[{i}] must be a dict with a `role` string and a `content` string "
+                                f"(got {_short(m)})")
+    return list(messages)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Generation:

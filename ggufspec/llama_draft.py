@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import Context, LlamaModel, Model
-from .runtime import LlamaDraftModel
+from .llama.backend import Context, LlamaModel, Model
+from .llama.runtime import LlamaDraftModel
 from .core import LLAMA_MODES, Draft, Round
+from .auto import make_drafter
 from .drafters import LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
-from .system import check_threads
+from .llama.system import check_threads
 from .verification import Verification
 
 GREEDY = SamplingParams()  # proposals are the draft's argmax: Llama keeps only what it samples itself
@@ -48,8 +49,8 @@ class GGUFDraftModel(LlamaDraftModel):
     def __init__(self, draft=None, *, target=None, mode: str = "auto", num_pred_tokens: int = 4, n_ctx: int = 4096,
                  n_batch: int = 512, n_gpu_layers: int = 0, n_threads: int | None = None, exact: bool | None = None,
                  registry=None, offline: bool = False):
-        from .compat import check_compatible
-        from .service import load_registry, resolve_model
+        from .llama.compat import check_compatible
+        from .models.resolve import load_registry, resolve_model
 
         if mode not in LLAMA_MODES:
             raise GGUFSpecError(f"mode must be one of {', '.join(LLAMA_MODES)} (got {mode!r})")
@@ -76,9 +77,9 @@ class GGUFDraftModel(LlamaDraftModel):
             raise
         self.costs = None
         self.verification = Verification()
-        self.lookup = LookupDrafter()
+        self.lookup = LookupDrafter()  # its index follows the Llama's history (reset in _start)
         self.model_drafter = ModelDrafter(self.ctx) if self.model is not None else None
-        self.drafter = self.model_drafter if mode == "draft" else self.lookup  # auto: built at attach
+        self.drafter = None  # built at attach, when the Llama's costs are known
         self._attached = None  # the Llama this drafter serves
         self._rng = np.random.default_rng(0)
         self._history: list[int] = []
@@ -90,8 +91,8 @@ class GGUFDraftModel(LlamaDraftModel):
         is not this draft yet). Checks the draft's vocabulary against its model (one GGUFSpecError naming
         the mismatch), sizes the drafts to its vocabulary, and measures (or reads from the cache) what a
         step and a verify batch cost in its own context; this clears the Llama's KV cache."""
-        from .compat import check_compatible
-        from .measure import costs_for
+        from .llama.compat import check_compatible
+        from .llama.measure import costs_for
 
         if self._attached is llama:
             return
@@ -111,11 +112,9 @@ class GGUFDraftModel(LlamaDraftModel):
         # Llama verifies [last] + draft in one batch: exact means keeping that batch within the exact size.
         self.verification = Verification.of(self.costs, self._exact)
         self.num_pred_tokens = self.verification.exact_draft_max(0, self.wanted)
-        if self.mode == "auto":
-            from .auto import AutoDrafter
-            self.drafter = AutoDrafter(Verification.of(self.costs, False), lookup=self.lookup, model=self.model_drafter)
-        elif self.mode == "draft":
-            self.drafter = self.model_drafter
+        # auto plans with one-batch verification's costs: that is how Llama verifies
+        self.drafter, _ = make_drafter(self.mode, Verification.of(self.costs, False), self.costs,
+                                       model=self.model_drafter, lookup=self.lookup, draft_max=self.wanted)
         self._attached = llama
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
@@ -127,7 +126,7 @@ class GGUFDraftModel(LlamaDraftModel):
         else:
             self._start(history)
         n = self.verification.exact_draft_max(len(history), self.num_pred_tokens)
-        draft = self.drafter.propose(history, n, GREEDY, self._rng) if n else Draft([], source=self.mode)
+        draft = self.drafter.propose(history, n, GREEDY, self._rng) if n else Draft(tokens=[], source=self.mode)
         self._history, self._pending = history, draft
         self.stats["calls"] += 1
         return np.array(draft.tokens[: self.num_pred_tokens], dtype=np.intc)
@@ -151,7 +150,8 @@ class GGUFDraftModel(LlamaDraftModel):
         n_accepted = 0
         while n_accepted < min(len(draft.tokens), len(grown) - 1) and grown[n_accepted] == draft.tokens[n_accepted]:
             n_accepted += 1
-        self.drafter.observe(Round(grown, len(draft.tokens), n_accepted, draft.seconds, 0.0, draft))
+        self.drafter.observe(Round(tokens=grown, n_past=len(self._history) - 1, n_drafted=len(draft.tokens),
+                                   n_accepted=n_accepted, draft_seconds=draft.seconds, draft=draft))
         if draft.tokens:
             self.stats["drafted"] += len(draft.tokens)
             self.stats["accepted"] += n_accepted

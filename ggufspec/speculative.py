@@ -25,7 +25,7 @@ def _propose(drafter: Drafter | None, history: list[int], draft_max: int, draft_
              rng: np.random.Generator, picker: Picker | None) -> tuple[Draft, list[int]]:
     """The drafter's proposal, and the tokens of it the round verifies."""
     if drafter is None or draft_max <= 0:
-        return Draft([]), []
+        return Draft(tokens=[]), []
     coupled = {"noise": picker.noise} if picker is not None and picker.noise is not None else {}
     draft = drafter.propose(history, draft_max, params, rng, **coupled)
     draft_tokens = draft.tokens[:draft_max]
@@ -51,14 +51,12 @@ def speculative_step(target: Target, drafter: Drafter | None, history: list[int]
     coupled rule) keep drafts equal to the target's coupled sample; other sampled rounds follow
     Leviathan's rejection rule with `rng`.
 
-    On return the target's KV cache holds history[:-1] + the round's tokens but the last; on an
-    exception, history[:-1] as before.
+    The history must fit the context (`check_room`). On return the target's KV cache holds history[:-1]
+    + the round's tokens but the last; on an exception, history[:-1] as before.
     """
     n_past = len(history) - 1
     assert target.n_past == n_past, (target.n_past, n_past)
-    draft_max = min(draft_max, target.n_ctx - n_past - 1, target.n_batch - 1)
-    if draft_max < 0:
-        raise ContextFullError(f"the context is full after {len(history)} tokens (n_ctx={target.n_ctx}); raise -c or lower -n")
+    draft_max = max(0, min(draft_max, target.n_ctx - n_past - 1, target.n_batch - 1))
     picker = Picker(params, noise) if params.greedy or noise is not None else None
     draft, draft_tokens = _propose(drafter, history, draft_max, draft_min, params, rng, picker)
     inputs = [history[-1]] + draft_tokens
@@ -71,8 +69,18 @@ def speculative_step(target: Target, drafter: Drafter | None, history: list[int]
         n_keep = n_past + n_accepted + 1
     finally:
         target.truncate(n_keep)
-    return Round(draft_tokens[:n_accepted] + [next_token], len(draft_tokens), n_accepted, draft.seconds,
-                 time.perf_counter() - t0, draft, len(gaps), gaps)
+    return Round(tokens=draft_tokens[:n_accepted] + [next_token], n_past=n_past, n_drafted=len(draft_tokens),
+                 n_accepted=n_accepted, draft_seconds=draft.seconds, target_seconds=time.perf_counter() - t0,
+                 draft=draft, ties_settled=len(gaps), tie_gaps=gaps)
+
+
+def check_room(target: Target, history: list[int], n_prompt: int) -> None:
+    """The one context-full check: the history's last token takes position len(history) - 1, which must
+    exist. ContextFullError carries the tokens generated so far."""
+    if len(history) > target.n_ctx:
+        raise ContextFullError(
+            f"the context filled up after {len(history) - n_prompt} generated tokens (prompt {n_prompt}, "
+            f"n_ctx={target.n_ctx}); raise -c or lower -n", history[n_prompt:])
 
 
 def _one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
@@ -117,12 +125,9 @@ def rounds(target: Target, drafter: Drafter | None, prompt_tokens: list[int], lo
         return
     history = list(prompt_tokens) + [first_token(logits, params, rng, len(prompt_tokens), noise)]
     n_out = 1
-    yield Round(history[-1:], 0, 0, 0.0, 0.0)
+    yield Round(tokens=history[-1:], n_past=len(prompt_tokens))
     while n_out < max_tokens:
-        if len(history) > target.n_ctx:  # the last token sits at position len - 1, which must exist
-            raise ContextFullError(
-                f"the context filled up after {n_out} generated tokens (prompt {len(prompt_tokens)}, "
-                f"n_ctx={target.n_ctx}); raise -c or lower -n", history[len(prompt_tokens):])
+        check_room(target, history, len(prompt_tokens))
         start = time.perf_counter()
         r = speculative_step(target, drafter, history, min(draft_max, max_tokens - n_out - 1), params, rng,
                              draft_min=draft_min, verification=verification, noise=noise)

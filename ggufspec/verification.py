@@ -1,5 +1,6 @@
-"""How greedy (and coupled) rounds are verified, and what verifying costs: one policy that the
-loop, auto's planner, the `Llama` draft, the bench footer and `doctor` all ask.
+"""How greedy (and coupled) rounds are verified: one policy that the loop, auto's planner, the `Llama`
+draft, the bench footer and `doctor` all ask. What verifying costs is `Costs`'s to say, asked with this
+policy's batch limit (`batch_limit`).
 
 llama.cpp's batched kernels are not bit-identical to one-token decoding everywhere. Where this
 backend has batches that are (measured at load: `Costs.exact_batch`, up to `Costs.exact_kv`
@@ -10,7 +11,7 @@ target's by construction; elsewhere it verifies in one batch and re-decodes a ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from .sampling import Picker, SamplingParams, verify_greedy
 # On CPU, llama.cpp's repacked Q4_K kernels compute batches of >= 4 rows with a GEMM whose
 # rounding moves the top-1/top-2 logit gap by up to 0.32 on the Qwen2.5-Coder pair (and past 256
 # cached tokens one-token flash attention splits the keys over threads, so there no batch is exact:
-# scripts/measure_batch_drift.py). A batched argmax this close to the runner-up is re-checked by
+# dev/measure_batch_drift.py). A batched argmax this close to the runner-up is re-checked by
 # one-token decoding.
 DEFAULT_TIE_MARGIN = 0.5
 
@@ -31,15 +32,13 @@ class Verification:
     """The verification policy. exact_batch: the largest batch this backend computes bit-identically
     to one-token decoding, while the KV cache holds at most exact_kv tokens (None: at every length
     measured). exact: verify in batches of at most that size (identity by construction); otherwise
-    one batch, with near-ties (top-2 gap < tie_margin) re-decoded. costs: the measured table the
-    predictions come from."""
+    one batch, with near-ties (top-2 gap < tie_margin) re-decoded."""
 
     exact_batch: int = 1
     exact: bool = False
     tie_margin: float = DEFAULT_TIE_MARGIN
     exact_kv: int | None = None
     chunk: int | None = None  # the batch size rounds longer than exact_batch are cut into (default exact_batch)
-    costs: Costs | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, costs: Costs | None, exact: bool | None = None, tie_margin: float = DEFAULT_TIE_MARGIN) -> "Verification":
@@ -48,7 +47,7 @@ class Verification:
         if costs is None:  # nothing measured: no batch is known to be exact
             return cls(1, False, tie_margin)
         exact = costs.exact_batch >= 2 if exact is None else exact
-        return cls(costs.exact_batch, exact, tie_margin, costs.exact_kv, costs.chunk(), costs)
+        return cls(costs.exact_batch, exact, tie_margin, costs.exact_kv, costs.chunk())
 
     # -- which batches are exact --------------------------------------------------------------
 
@@ -78,22 +77,6 @@ class Verification:
             return 0
         return min(wanted, self.exact_batch - 1)
 
-    # -- what verifying costs -----------------------------------------------------------------
-
-    def speedup(self, alpha: float, n_draft: int, draft_step: float, n_past: int | None = None) -> float:
-        """Expected speed-up over plain decoding of a round drafting n_draft tokens at draft_step
-        seconds each, at acceptance rate alpha, from n_past cached tokens."""
-        n_kv = None if n_past is None else n_past + n_draft + 1
-        return self.costs.speedup(alpha, n_draft, draft_step, self.batch_limit(n_kv))
-
-    def ceiling(self) -> tuple[float, int]:
-        """(best speed-up any drafter could give here, tokens per round that give it)."""
-        return self.costs.ceiling(self.batch_limit())
-
-    def report(self, quant: str | None = None) -> dict:
-        """The measured table with the ceiling and break-even points under this policy (`ggufspec costs`)."""
-        return self.costs.report(self.batch_limit(), quant)
-
     # -- verifying ----------------------------------------------------------------------------
 
     def verify(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
@@ -102,26 +85,34 @@ class Verification:
         bit-exact batches (identity by construction); otherwise one batch, and the first near-tie among the
         rows used is re-decoded by itself: where that rejects the draft the round ends there, where it
         confirms it the drafts after it are verified the same way. Returns (n_accepted, next_token, tie gaps)."""
-        t0 = n_past + 1
+        done, gaps = 0, []  # drafts confirmed by settled ties, and those ties' gaps
+        while True:
+            part, drafts, at = inputs[done:], draft_tokens[done:], n_past + done
+            logits = self._rows(target, part, drafts, at, picker)
+            n_accepted, next_token = verify_greedy(drafts, picker.picks(logits, at + 1))
+            j = self._first_tie(logits, n_accepted, len(part), at, picker)
+            if j is None:
+                return done + n_accepted, next_token, gaps
+            gaps.append(picker.gap(logits[j], at + 1 + j))
+            settled = settle_tie(target, part, drafts, at, j, picker)
+            if settled is not None:
+                return done + settled[0], settled[1], gaps
+            done += j + 1  # the tie confirmed the draft at row j: the cache holds it, verify the rest
+
+    def _rows(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
+              picker: Picker) -> np.ndarray:
+        """The target's rows for a round: in exact chunks where the policy says so, else in one batch."""
         limit = self.batch_limit(n_past + len(inputs))
         if limit is not None and len(inputs) > limit:
-            logits = _rows_in_chunks(target, inputs, min(self.chunk or limit, limit), draft_tokens, picker, t0)
-        else:
-            logits = target.decode(inputs, logits="all")
-        n_accepted, next_token = verify_greedy(draft_tokens, picker.picks(logits, t0))
-        if limit is not None or len(inputs) <= self.exact_here(n_past + len(inputs)):
-            return n_accepted, next_token, []
-        tied = np.flatnonzero(picker.near_ties(logits[: n_accepted + 1], t0, self.tie_margin))
-        if not len(tied):
-            return n_accepted, next_token, []
-        j = int(tied[0])
-        gap = picker.gap(logits[j], t0 + j)
-        settled = settle_tie(target, inputs, draft_tokens, n_past, j, picker)
-        if settled is not None:
-            return settled[0], settled[1], [gap]
-        # the tie confirmed the draft at row j: the drafts after it are verified as a round of their own
-        n_accepted, next_token, gaps = self.verify(target, inputs[j + 1:], draft_tokens[j + 1:], n_past + j + 1, picker)
-        return j + 1 + n_accepted, next_token, [gap] + gaps
+            return _rows_in_chunks(target, inputs, min(self.chunk or limit, limit), draft_tokens, picker, n_past + 1)
+        return target.decode(inputs, logits="all")
+
+    def _first_tie(self, logits: np.ndarray, n_accepted: int, n_rows: int, n_past: int, picker: Picker) -> int | None:
+        """The first near-tie among the rows a batch verified that was not exact (None: nothing to settle)."""
+        if self.batch_limit(n_past + n_rows) is not None or n_rows <= self.exact_here(n_past + n_rows):
+            return None
+        tied = np.flatnonzero(picker.near_ties(logits[: n_accepted + 1], n_past + 1, self.tie_margin))
+        return int(tied[0]) if len(tied) else None
 
 
 def _rows_in_chunks(target: Target, inputs: list[int], chunk: int, draft_tokens: list[int], picker: Picker,

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _system():
-    """ggufspec/system.py on its own (the package itself may not import before this script ends)."""
-    spec = importlib.util.spec_from_file_location("ggufspec_system", ROOT / "ggufspec" / "system.py")
+    """ggufspec/llama/system.py on its own (the package itself may not import before this script ends)."""
+    spec = importlib.util.spec_from_file_location("ggufspec_system", ROOT / "ggufspec" / "llama" / "system.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 import ggufspec.speculative as speculative
 from ggufspec import Engine
-from ggufspec.bench import BenchSettings, run
-from ggufspec.prompts import Prompt
-from ggufspec.cli import cli
+from ggufspec.bench.runs import BenchSettings, run
+from ggufspec.bench.prompts import Prompt
+from ggufspec.cli.main import cli
 from ggufspec.core import Draft
 from ggufspec.drafters import Drafter, LookupDrafter, ModelDrafter
 from ggufspec.auto import AutoDrafter
@@ -134,7 +134,7 @@ def test_the_default_bench_table_fits_120_columns(tiny):
 
 def test_the_installed_registry_is_the_top_level_file(tmp_path):
     """Editable installs read models.toml at the top of the repository; a wheel carries its bytes."""
-    from ggufspec.registry import BUILTIN
+    from ggufspec.models.registry import BUILTIN
 
     assert BUILTIN.resolve() == (ROOT / "models.toml").resolve()
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],

@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ggufspec.bench import predicted_speedup
-from ggufspec.prompts import load_prompts_file, load_suite
-from ggufspec.cli import cli
+from ggufspec.bench.rows import predicted_speedup
+from ggufspec.bench.prompts import load_prompts_file, load_suite
+from ggufspec.cli.main import cli
 
 
 def bench(*args):
@@ -39,7 +39,7 @@ def test_json_has_a_row_per_mode_and_greedy_rows_identical(tiny):
 def test_draft_max_values_make_draft_and_auto_rows_and_a_pairs_length_only_draft_rows():
     from dataclasses import replace
 
-    from ggufspec.bench import BenchSettings, plan
+    from ggufspec.bench.runs import BenchSettings, plan
 
     given = BenchSettings(("target", "draft", "auto"), (2, 8))
     assert [c.label for c in plan(given, True)] == ["target", "draft (draft-max 2)", "draft (draft-max 8)",
@@ -104,7 +104,7 @@ def test_builtin_suites_exist():
 
 
 def test_llama_cpp_text_is_compared_with_the_targets():
-    from ggufspec.reference import generated_text, same_text
+    from ggufspec.bench.reference import generated_text, same_text
 
     prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     out = "\n\n" + prompt + "Hello! How can I help?\n\n\n\n"  # what speculative-simple prints

@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ggufspec.cli import cli
+from ggufspec.cli.main import cli
 from ggufspec.costs import MAX_BATCH
 
 

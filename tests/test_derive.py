@@ -6,10 +6,10 @@ import pytest
 
 from ggufspec import Engine
 from ggufspec.errors import GGUFSpecError
-from ggufspec.gguf_info import read_info
-from ggufspec.hub import stamp_path, verified_sha256
-from ggufspec.mirror import fetch
-from ggufspec.registry import load_registry
+from ggufspec.llama.gguf_info import read_info
+from ggufspec.models.hub import stamp_path, verified_sha256
+from ggufspec.models.mirror import fetch
+from ggufspec.models.registry import load_registry
 from tiny import write_tiny_model
 
 

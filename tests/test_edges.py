@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggufspec import Engine, GGUFSpecError
-from ggufspec.cli import cli
+from ggufspec.cli.main import cli
 
 TIMEOUT = 120
 # How a Ctrl-C'd run ends: exit 130, or (rarely, after the same one line) ended by the SIGINT itself, which a
@@ -241,7 +241,7 @@ def test_doctor_shows_only_the_measurements_a_run_would_read(tiny, tmp_path):
 
 
 def test_a_full_disk_leaves_no_temporary_cost_file(tiny, monkeypatch):
-    from ggufspec import measure as costs
+    from ggufspec.llama import measure as costs
     from ggufspec.paths import costs_file
 
     def full(self, data, *a, **kw):
@@ -287,7 +287,7 @@ def test_bench_save_outputs_where_nothing_can_be_written(tiny, tmp_path):
 
 
 def test_bench_save_outputs_on_a_full_disk_keeps_the_table(tiny, tmp_path, monkeypatch):
-    from ggufspec import bench
+    from ggufspec.bench import benchmark as bench
 
     real = Path.write_text
 
@@ -365,7 +365,7 @@ def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
     """The signal arrives while llama.cpp is loading (sent from inside its log callback, where Python
     runs signal handlers during a load): the load stops and KeyboardInterrupt comes out of Model(),
     nothing is printed as ignored."""
-    from ggufspec import backend, runtime
+    from ggufspec.llama import backend, runtime
 
     class Trap(list):
         def append(self, line):
@@ -393,7 +393,7 @@ def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
 def test_ctrl_c_while_a_context_is_created_is_not_lost(tiny, monkeypatch):
     """llama.cpp logs while it allocates a context's KV cache; a signal handled inside that log callback
     would be printed as ignored and lost (a generation of -n 100000 then runs on). It must come out."""
-    from ggufspec import backend, runtime
+    from ggufspec.llama import backend, runtime
 
     class Trap(list):
         def append(self, line):

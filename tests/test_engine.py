@@ -6,7 +6,7 @@ import pytest
 
 import ggufspec.speculative as speculative
 from ggufspec import Engine
-from ggufspec.backend import Context, Model
+from ggufspec.llama.backend import Context, Model
 from ggufspec.sampling import SamplingParams, probs_from_logits, sample
 
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "a", "12345 67890", "{[()]}", "zzz zzz zzz zzz", "Once upon a time"]

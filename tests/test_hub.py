@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fakehub import FakeHub
-from ggufspec import hub
+from ggufspec.models import hub
 from ggufspec.errors import GGUFSpecError
-from ggufspec.registry import ModelSpec
+from ggufspec.models.registry import ModelSpec
 
 REPO, FILE = "acme/tiny-GGUF", "tiny-q8_0.gguf"
 
@@ -97,10 +97,10 @@ def test_cli_pull_through_hf_endpoint(fake, tmp_path):
     reg = tmp_path / "models.toml"
     reg.write_text(f'[models.tiny-remote]\nrepo = "{REPO}"\nfile = "{FILE}"\nn_layers = 2\n')
     env = dict(os.environ, HF_ENDPOINT=fake.url)
-    out = subprocess.run([sys.executable, "-m", "ggufspec.cli", "models", "pull", "tiny-remote", "--registry", str(reg)],
+    out = subprocess.run([sys.executable, "-m", "ggufspec.cli.main", "models", "pull", "tiny-remote", "--registry", str(reg)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith(FILE)
-    missing = subprocess.run([sys.executable, "-m", "ggufspec.cli", "models", "pull", "tiny-remote", "--registry", str(reg)],
+    missing = subprocess.run([sys.executable, "-m", "ggufspec.cli.main", "models", "pull", "tiny-remote", "--registry", str(reg)],
                              capture_output=True, text=True, env=dict(env, HF_HOME=str(tmp_path / "empty"), HF_HUB_OFFLINE="1"))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1

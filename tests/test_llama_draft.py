@@ -132,7 +132,7 @@ def test_an_unattached_draft_says_what_to_do(tiny):
 def test_attach_measures_through_the_llamas_own_context_and_loads_no_second_target(tiny):
     """Costs come from the Llama's context (its settings name the cache entry); a draft given after
     construction gets Llama's every-row logits; the text stays Llama's own."""
-    from ggufspec import measure
+    from ggufspec.llama import measure
 
     plain = llama(tiny["target"]).create_completion("hello world", max_tokens=40, temperature=0, logit_bias=NO_EOS)
     draft = GGUFDraftModel(tiny["close"], mode="auto")

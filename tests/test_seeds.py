@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggufspec import Engine
-from ggufspec.cli import cli
+from ggufspec.cli.main import cli
 from ggufspec.costs import Costs
 
 PARAMS = [dict(temperature=0.7), dict(temperature=1.0, top_k=5), dict(temperature=0.8, top_p=0.9),

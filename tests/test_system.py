@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggufspec import backend, measure as costs, runtime, system
-from ggufspec.cli import cli
+from ggufspec.llama import backend, measure as costs, runtime, system
+from ggufspec.cli.main import cli
 
 # As llama_print_system_info() prints them: this CPU (AVX-512, no AMX), a Sapphire Rapids
 # native build (AMX kernels compiled in), a CUDA build, and an ARM build.
@@ -78,7 +78,7 @@ def test_this_machine_is_described_by_what_it_reports():
 
 def test_another_machines_costs_are_never_used(tiny, monkeypatch):
     """A cost cache shared between machines (an NFS home): an entry keyed by another machine is ignored."""
-    from ggufspec.backend import Context, Model
+    from ggufspec.llama.backend import Context, Model
 
     with Model(tiny["target"]) as model, Context(model, n_ctx=128) as ctx:
         here = costs.costs_for(ctx)
@@ -140,7 +140,7 @@ def test_which_weights_are_repacked_by_hand_where_amx_is_avoided():
 
 def pretend_amx(monkeypatch):
     """This process as a native build on an AMX CPU would see itself (the decision's inputs)."""
-    from ggufspec import amx, devices
+    from ggufspec.llama import amx, devices
 
     for module in (amx, runtime):
         monkeypatch.setattr(module, "build_features", lambda: features(AMX))
@@ -161,7 +161,7 @@ def test_where_amx_would_crash_the_weights_are_placed_by_hand(monkeypatch):
     import numpy as np
 
     from conftest import real_model
-    from ggufspec.backend import Context, Model
+    from ggufspec.llama.backend import Context, Model
 
     path = real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     rows = {}

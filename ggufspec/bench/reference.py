@@ -1,0 +1,153 @@
+"""llama.cpp's own programs as reference rows in `ggufspec bench --compare-llama-cpp BIN_DIR`.
+
+Runs llama-bench (target-only generation speed) and llama-speculative-simple (draft-model and
+n-gram speculation) on the same models, prompts, token count and threads, and parses what they
+print. Build them from the same llama.cpp release as the installed llama-cpp-python, e.g. with
+../shared/tools/llama-cpp-reference in this workplace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from ..errors import GGUFSpecError
+
+
+def _env(bin_dir: Path) -> dict:
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = f"{bin_dir}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
+    return env
+
+
+def _program(bin_dir: Path, name: str) -> Path:
+    path = bin_dir / name
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise GGUFSpecError(f"--compare-llama-cpp: {path} not found; build llama.cpp's tools and give their folder")
+    return path
+
+
+def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths: tuple[int, ...] = (0,)) -> dict[int, dict]:
+    """Target-only generation speed as llama-bench measures it (tg N, 5 repetitions), after `depth`
+    tokens in the cache (-d: ggufspec's runs generate after their prompt, and at 100 cached tokens a
+    step costs some 5% more than in an empty cache). Returns {depth: {"tokens_per_second", ...}}."""
+    depths = tuple(sorted(set(depths))) or (0,)
+    cmd = [str(_program(bin_dir, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(n_tokens), "-t", str(threads),
+           "-d", ",".join(map(str, depths)), "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)
+    if out.returncode != 0:
+        raise GGUFSpecError(f"llama-bench failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    data = json.loads(out.stdout[out.stdout.index("["):])
+    found = {int(d.get("n_depth", depth)): d for d, depth in zip(data, depths)}
+    missing = [d for d in depths if d not in found]
+    if missing:
+        raise GGUFSpecError(f"llama-bench printed no result at depth {missing[0]} (too old for -d?)")
+    return {d: {"tokens_per_second": float(found[d]["avg_ts"]), "tokens_per_second_sd": float(found[d].get("stddev_ts", 0))}
+            for d in depths}
+
+
+def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_text: str, n_tokens: int, threads: int,
+                       n_ctx: int, draft_max: int, spec_type: str = "draft-simple") -> dict:
+    """One greedy run of llama-speculative-simple; its own timing of the generation phase. The prompt is
+    passed with --no-escape: by default llama.cpp's programs read a backslash sequence in -p as an escape,
+    so a prompt of code holding `"\\n"` would be another prompt."""
+    cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
+           "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
+           "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
+    if draft is not None and spec_type.startswith("draft"):
+        cmd[3:3] = ["-md", str(draft)]
+    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)
+    text = out.stdout + out.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    if out.returncode != 0 or not m:
+        last = [line for line in text.splitlines() if line.strip()][-1:] or ["?"]
+        raise GGUFSpecError(f"llama-speculative-simple failed: {last[0]}")
+    drafted = re.search(r"n_drafted\s*=\s*(\d+)", text)
+    accepted = re.search(r"n_accept\s*=\s*(\d+)", text)
+    return {"n_generated": int(m.group(1)), "seconds": float(m.group(2)),
+            "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accepted": int(accepted.group(1)) if accepted else 0,
+            "text": generated_text(out.stdout, prompt_text)}
+
+
+def generated_text(stdout: str, prompt_text: str) -> str | None:
+    """What speculative-simple generated: its standard output after the prompt it echoes (None: not found)."""
+    i = stdout.find(prompt_text)
+    return None if i < 0 else stdout[i + len(prompt_text):]
+
+
+def same_text(ours: str | None, theirs: str | None) -> bool | None:
+    """Whether two greedy texts of about the same length agree: the shorter is the longer's beginning
+    (llama.cpp may print a round's accepted drafts past -n; a token cut mid-character prints as U+FFFD,
+    dropped here). None where either is unknown or empty."""
+    a, b = ((t or "").rstrip().rstrip("\ufffd") for t in (ours, theirs))
+    if not a or not b:
+        return None
+    return a.startswith(b) or b.startswith(a)
+
+
+# llama.cpp's n-gram drafters as speculative-simple runs them: ngram-simple looks up the last 12 tokens
+# and drafts up to the 48 that followed (--spec-ngram-simple-size-n/-m); ngram-mod hashes 24-grams
+# and drafts 48 to 64. Neither reads --spec-draft-n-max, which is the draft model's.
+NGRAM_TYPES = ("ngram-simple", "ngram-mod")
+
+
+def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_tokens: int, draft_max: tuple[int, ...],
+                   target_tps: dict[str, float | None], progress=None, llama_bench_before: dict | None = None,
+                   depths: dict[str, int] | None = None,
+                   target_texts: dict[str, list[tuple[str, str | None]]] | None = None) -> list[dict]:
+    """Rows shaped like bench rows, for llama.cpp's programs on the same work: per group of prompts
+    (a suite, or "all"), speeds against that group's ggufspec target row.
+
+    depths: per group, the cached tokens llama-bench generates after (the group's mean prompt length).
+    llama_bench_before: llama-bench's results ({depth: ...}) taken before ggufspec's own runs; with the
+    ones taken now they bracket them, so the row shows how much the machine drifted meanwhile.
+    target_texts: per group, (label, ggufspec's target-only text) of each prompt: speculative-simple's rows say
+    whether its greedy text was the same (it decodes the last prompt token by itself, so at a near-tie
+    it writes another text, and its speed is then on other work).
+    """
+    bin_dir = Path(bin_dir)
+    target = engine.target_model.path
+    draft = engine.draft_model.path if engine.draft_model else None
+    threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
+    depths = depths or {group: 0 for group in groups}
+    after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()))
+    configs = [("draft-simple", k) for k in draft_max] if draft else []
+    configs += [(t, None) for t in NGRAM_TYPES]
+    rows = []
+    for group, texts in groups.items():
+        depth = depths[group]
+        tg = [r[depth]["tokens_per_second"] for r in (llama_bench_before, after) if r and depth in r]
+        row = _row(f"llama.cpp llama-bench (target, depth {depth})", "llama-bench", None, sum(tg) / len(tg),
+                   target_tps.get(group), None, group)
+        row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg), depth=depth)
+        rows.append(row)
+        ours = (target_texts or {}).get(group) or [(None, None)] * len(texts)
+        for spec_type, k in configs:
+            runs = []
+            for text in texts:
+                runs.append(speculative_simple(bin_dir, target, draft, text, n_tokens, threads, n_ctx, k or max(draft_max),
+                                               spec_type))
+                if progress:
+                    progress(1)
+            tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
+            drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
+            label = f"draft model (draft-max {k})" if k else spec_type
+            row = _row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps,
+                       target_tps.get(group), accepted / drafted if drafted else None, group)
+            same = [(label, same_text(mine, r["text"])) for (label, mine), r in zip(ours, runs)]
+            if all(x is not None for _, x in same):
+                other = [label for label, x in same if not x]  # prompts where llama.cpp wrote another text
+                row.update(identical_to_target=not other, other_text=other,
+                           divergence={"prompt": other[0]} if other else None)
+            rows.append(row)
+    return rows
+
+
+def _row(label: str, mode: str, draft_max, tps: float, target_tps: float | None, alpha, group: str = "all") -> dict:
+    return {"mode": mode, "label": label, "draft_max": draft_max, "group": group, "tokens_per_second": tps,
+            "tokens_per_second_min": tps, "tokens_per_second_max": tps,
+            "speedup": tps / target_tps if target_tps else None, "acceptance_rate": alpha, "reference": True,
+            "identical_to_target": None, "divergence": None}

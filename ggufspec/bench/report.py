@@ -1,0 +1,281 @@
+"""Rows (lists of dicts) to a terminal table, Markdown, CSV or JSON. The only tabulate importer."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from tabulate import tabulate
+
+from ..errors import GGUFSpecError
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]] | None = None, fmt: str = "simple") -> str:
+    """columns: (key, header) pairs; missing values print as '-'."""
+    if not rows:
+        return "(nothing to show)"
+    columns = columns or [(k, k) for k in rows[0]]
+    body = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+    return tabulate(body, headers=[h for _, h in columns], tablefmt=fmt, disable_numparse=True)
+
+
+def markdown(rows: list[dict], columns=None) -> str:
+    return table(rows, columns, fmt="github")
+
+
+def to_csv(rows: list[dict], columns=None) -> str:
+    keys = [k for k, _ in columns] if columns else list(rows[0]) if rows else []
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _plain(r.get(k)) for k in keys})
+    return buf.getvalue()
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=2, default=str)
+
+
+def _plain(v):
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return "" if v is None else v
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def mib(n: int | float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+# --- the benchmark's table ---------------------------------------------------------------------
+
+BENCH_COLUMNS = [("label", "mode"), ("group", "prompts"), ("tps", "tok/s"), ("range", "min-max"), ("speedup", "speed-up"),
+                 ("alpha", "α"), ("tau", "τ"), ("full_accepts", "full"), ("split", "draft/verify/other"),
+                 ("prompt_tps", "prompt tok/s"), ("rss", "peak RSS"), ("identical", "= target"),
+                 ("predicted", "predicted (paper)"), ("predicted_costs", "predicted (costs)")]
+# What fits about 120 columns; --wide, --json and --csv have the rest.
+NARROW = ("label", "group", "tps", "range", "speedup", "alpha", "tau", "identical", "rss")
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _identical(r: dict) -> str:
+    ident = r["identical_to_target"]
+    if ident is None:
+        return "-"
+    if ident:
+        return "yes"
+    dv = r["divergence"] or {}
+    gap = f", gap {dv['gap']:.3f}" if "gap" in dv else ""
+    token = f" token {dv['token']}" if "token" in dv else ""
+    return f"no ({dv.get('prompt')}{token}{gap})"
+
+
+def bench_cells(r: dict) -> dict:
+    """One bench row as the strings a table shows."""
+    d = dict(r, tps=f"{r['tokens_per_second']:.1f}", speedup=_ratio(r["speedup"]), alpha=_pct(r["acceptance_rate"]))
+    spread = r["tokens_per_second_max"] - r["tokens_per_second_min"]
+    d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}" if spread or not r.get("reference") else "-"
+    if r.get("reference"):  # llama.cpp's own programs: only what they report, and whether their text was the target's
+        d["identical"] = _identical(r)
+        return d
+    d.update(tau=f"{r['tokens_per_round']:.2f}", prompt_tps=f"{r['prompt_tokens_per_second']:.0f}",
+             split="/".join(_pct(r[k]) for k in ("draft_share", "verify_share", "overhead_share")),
+             rss=mib(r["peak_rss_bytes"]), identical=_identical(r), predicted=_ratio(r["predicted_speedup"]),
+             predicted_costs=_ratio(r["predicted_speedup_costs"]))
+    return d
+
+
+def bench_table(rows: list[dict], *, grouped: bool, wide: bool = False, as_markdown: bool = False) -> str:
+    columns = [c for c in BENCH_COLUMNS if (wide or c[0] in NARROW) and (grouped or c[0] != "group")]
+    cells = [bench_cells(r) for r in rows]
+    return markdown(cells, columns) if as_markdown else table(cells, columns)
+
+
+def bench_footer(meta: dict) -> str:
+    """The measured costs and the ceiling under the table (for each -ngl value of a sweep)."""
+    if meta.get("sweep"):
+        return "\n".join(f"-ngl {m['n_gpu_layers']} ({', '.join(k for k in m['placement']['target'])}): "
+                         + _costs_line(m) for m in meta["sweep"])
+    return _costs_line(meta)
+
+
+def _prefill_line(meta: dict) -> str:
+    if meta.get("prefill") == "reused":
+        return (f"prompts: what the KV cache held of a prompt was kept between runs (whole batches of {meta['n_batch']} "
+                "tokens; output unchanged), so prompt speed is warm prefill")
+    return "prompts: every run evaluated its whole prompt (cold prefill; --reuse-prompt keeps cached batches)"
+
+
+def _up_to(costs: dict) -> str:
+    """Where measured exact batches stop being exact, if they do."""
+    return f" up to {costs['exact_kv']} cached tokens" if costs["exact_batch"] > 1 and costs.get("exact_kv") else ""
+
+
+def _costs_line(meta: dict) -> str:
+    c = meta.get("costs")
+    if not c:
+        return _prefill_line(meta) if "prefill" in meta else ""
+    t = c["target_batch_seconds"]
+    line = f"target step {1000 * t[0]:.1f} ms"
+    if len(t) >= 4:
+        line += f"; a batch of 4 costs {t[3] / t[0]:.2f} steps"
+    if c["draft_token_seconds"]:
+        line += f"; draft step {1000 * c['draft_token_seconds']:.1f} ms ({c['draft_token_seconds'] / t[0]:.2f} of a target step)"
+    line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding{_up_to(c)}"
+    if meta["exact_batch"] > 1 and c.get("exact_kv"):
+        line += " (beyond: one batch, near-ties re-checked)"
+    line += (f"\nceiling: with every draft accepted and drafting free, {c['ceiling_speedup']:.2f}x at most "
+             f"here ({c['ceiling_tokens_per_round']} tokens per round; verifying needs a logits row per token)")
+    if c.get("ceiling_past_exact_kv", 0) > c["ceiling_speedup"] + 0.005:
+        line += (f"; past {c['exact_kv']} cached tokens, where a round is one batch, "
+                 f"{c['ceiling_past_exact_kv']:.2f}x ({c['ceiling_past_exact_kv_tokens_per_round']} tokens per round)")
+    if c.get("why"):
+        line += f"\nwhy: {c['why']}"
+    return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
+
+
+def plot_library():
+    """matplotlib's pyplot (headless), or one line saying how to install it (checked before a run)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GGUFSpecError("--plot needs matplotlib: pip install 'ggufspec[plot]'") from None
+    return plt
+
+
+def plot_sweep(rows: list[dict], path: str) -> None:
+    """PNG of tok/s against --draft-max per mode, with the target alone as a line."""
+    plt = plot_library()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    target = [r for r in rows if r["mode"] == "target" and r["group"] == "all"]
+    if target:
+        ax.axhline(target[0]["tokens_per_second"], color="black", linestyle="--", label="target alone")
+    for mode in sorted({r["mode"] for r in rows if r["draft_max"]}):
+        pts = sorted((r["draft_max"], r["tokens_per_second"]) for r in rows if r["mode"] == mode and r["group"] == "all")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+    ax.set_xlabel("--draft-max")
+    ax.set_ylabel("tokens/sec (generation)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# --- other commands ------------------------------------------------------------------------------
+
+
+def costs_text(out: dict) -> str:
+    t = out["target_batch_seconds"]
+    t1 = t[0]
+    rows = [{"batch": n, "ms": f"{1000 * s:.1f}", "steps": f"{s / t1:.2f}", "exact": "yes" if n <= out["exact_batch"] else "no",
+             "gain": f"{n * t1 / s:.2f}x"} for n, s in enumerate(t, 1)]
+    lines = [table(rows, [("batch", "tokens in batch"), ("ms", "ms"), ("steps", "target steps"),
+                          ("exact", "= one-token decoding"), ("gain", "tokens / steps")]), "",
+             f"{Path(out['target']).name}, {out['threads']} threads: one target step {1000 * t1:.1f} ms"]
+    if out["draft_token_seconds"]:
+        lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
+    how = f"in exact chunks of {out.get('verify_chunk') or out['exact_batch']}" if out["exact"] else "in one batch"
+    if out["exact"] and out.get("exact_kv"):
+        how += f"{_up_to(out)}, in one batch beyond (no batch is exact there)"
+    lines.append(f"verification {how}: an always-right, free drafter gains at most {out['ceiling_speedup']:.2f}x "
+                 f"({out['ceiling_tokens_per_round']} tokens per round)")
+    for name, p in out["drafters"].items():
+        if p["break_even_alpha"] is None:
+            lines.append(f"{name}: never pays here (always right it would run at {p['speedup_if_always_right']:.2f}x); "
+                         "auto will not use it")
+        else:
+            lines.append(f"{name}: auto uses it where its acceptance rate is above {p['break_even_alpha']:.2f} "
+                         f"(always right: {p['speedup_if_always_right']:.2f}x drafting {p['draft_max_if_always_right']})")
+    if out.get("why"):
+        lines.append(f"why: {out['why']}")
+    return "\n".join(lines)
+
+
+def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:
+    gib = 2**30
+    rows = [{"model": m.name + (" (estimated)" if m.estimated else ""), "role": m.role, "layers": m.layers_on_gpu,
+             "gpu": mib(m.gpu_bytes), "cpu": mib(m.cpu_bytes), "kv": mib(m.kv_bytes)} for m in (p.target, p.draft) if m]
+    return "\n".join([
+        table(rows, [("model", "model"), ("role", "role"), ("layers", "layers on GPU"), ("gpu", "GPU"), ("cpu", "CPU"),
+                     ("kv", "KV cache")]), "",
+        f"budget {vram_bytes / gib:.1f} GiB VRAM ({p.gpu_bytes / gib:.1f} used), {ram_bytes / gib:.1f} GiB RAM "
+        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}"]
+        + ([f"target layers by device: {', '.join(f'{d} {n}' for d, n in p.split.items())} (output layer included)"]
+           if p.split else [])
+        + [f"flags: {p.flags()}"])
+
+
+def tune_text(result, saved: Path | None = None) -> str:
+    """`ggufspec tune`: every setting measured, then the best flags (and where they were saved)."""
+    rows = [{**r, "tok/s": f"{r['tokens_per_second']:.2f}", "min-max": f"{r['min']:.1f}-{r['max']:.1f}",
+             "speed-up": _ratio(r["speedup"]), "alpha": _pct(r["alpha"]),
+             "= target": "-" if r["identical"] is None else "yes" if r["identical"] else "no"} for r in result.rows]
+    b = result.best
+    lines = [table(rows, [("ngl", "-ngl"), ("ngld", "-ngld"), ("mode", "mode"), ("draft_max", "draft-max"),
+                          ("tok/s", "tok/s"), ("min-max", "min-max"), ("speed-up", "speed-up"), ("alpha", "α"),
+                          ("= target", "= target")]), ""]
+    lines += [f"note: {n}" for n in result.notes]
+    lines.append(f"best: {result.flags}  ({b['tokens_per_second']:.2f} tok/s, {_ratio(b['speedup'])})")
+    if saved:
+        lines.append(f"saved as the defaults of pair {result.pair} in {saved}")
+    return "\n".join(lines)
+
+
+def models_text(out: dict) -> str:
+    pairs = [dict(r, name=r["name"] + (" (default)" if r["default"] else ""),
+                  status="ready" if r["ready"] else "not downloaded") for r in out["pairs"]]
+    models = [dict(r, where=f"{mib(r['size_bytes'])} at {r['path']}" if r["path"] else
+                   "offline mirror" if r["mirror"] else "Hub") for r in out["models"]]
+    return "\n".join([
+        table(pairs, [("name", "pair"), ("target", "target"), ("draft", "draft"), ("status", "status"),
+                      ("draft_max", "draft-max"), ("note", "note")]), "",
+        table(models, [("name", "model"), ("quant", "quant"), ("n_layers", "layers"), ("n_params_b", "params (B)"),
+                       ("repo", "Hub repository"), ("where", "on this machine")]), "",
+        f"models directory: {out['models_dir']}   registries: {', '.join(out['registries'])}"])
+
+
+def doctor_text(r: dict) -> str:
+    lines = [f"python          {r['python']}",
+             f"llama-cpp-python {r['llama_cpp_python']}: {', '.join(r['build_features']) or '-'}",
+             f"CPU             {r['cpu']} ({', '.join(r['cpu_features']) or 'no SIMD flags read'}); "
+             f"{r['threads']} threads used of {r['logical_cpus']}",
+             "devices:"]
+    for d in r["devices"]:
+        lines.append(f"  {d['name']:<10} {d['type']:<6} {d['description']}  "
+                     f"{mib(d['free_bytes'])} free of {mib(d['total_bytes'])}")
+    lines.append(f"models in {r['models_dir']}: " + (", ".join(f"{m['file']} ({mib(m['size_bytes'])})" for m in r["models"]) or "none"))
+    if r["costs"]:
+        lines.append("measured costs on this machine:")
+        for c in r["costs"]:
+            where = "" if c["placement"] == "default" else f", devices {c['placement']}"
+            lines.append(f"  {Path(c['model']).name} ({c['threads']} threads, -ngl {c['n_gpu_layers']}{where}): "
+                         f"target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
+                         f"{c['exact_batch']}{_up_to(c)}, ceiling {c['ceiling_speedup']:.2f}x")
+            if c.get("why"):
+                lines.append(f"    why: {c['why']}")
+    else:
+        lines.append("measured costs on this machine: none yet (`ggufspec costs` measures them)")
+    lines += [f"{p['severity']}: {p['problem']}\n  fix: {p['fix']}" for p in r["problems"]] or ["no known problems"]
+    return "\n".join(lines)

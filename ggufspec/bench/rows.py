@@ -1,0 +1,108 @@
+"""The benchmark's rows: runs aggregated per configuration (and suite or prompt): the median generation
+speed over repeats and its range, the speed-up over target-only decoding, the acceptance statistics, where
+the time went, peak memory, whether the text is the target's, and what Leviathan et al.'s formula predicts
+from the measured alpha and costs.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ..core import DRAFTING_MODES, Stats
+from ..costs import expected_tokens
+from ..engine import Engine
+from ..sampling import top2_gap
+from .runs import BenchSettings, Run, prompt_tokens
+
+
+def predicted_speedup(alpha: float, draft_max: int, cost_ratio: float) -> float:
+    """Leviathan et al. (2023), eq. 1: expected tokens per round over the round's cost in target
+    steps, a verify batch costing one step (the paper's assumption)."""
+    return expected_tokens(alpha, draft_max) / (draft_max * cost_ratio + 1)
+
+
+def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], position: int) -> float:
+    """The target's one-token top-1/top-2 logit gap where a greedy run left the target's text."""
+    ctx = engine.target_ctx
+    ctx.clear()
+    ctx.decode(tokens[:-1], logits="none")
+    last = tokens[-1]
+    for t in reference[:position]:
+        ctx.decode([last], logits="none")
+        last = t
+    gap = top2_gap(ctx.decode([last])[0])
+    ctx.clear()
+    return gap
+
+
+def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "all") -> list[dict]:
+    """Aggregate runs into rows: one per configuration (and per suite or prompt if asked)."""
+    verification = engine.verification(settings.generation.get("exact"))
+    reference = {(r.prompt, r.repeat): r for r in runs if r.config.mode == "target"}
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        key = "all" if by == "all" else r.prompt.suite if by == "suite" else r.prompt.label
+        groups.setdefault((r.config, key), []).append(r)
+    target_tps = {key: tps(rs)[0] for (config, key), rs in groups.items() if config.mode == "target"}
+    out = []
+    costs = engine.costs
+    for (config, key), rs in groups.items():
+        median, low, high = tps(rs)
+        total = Stats.merge([r.stats for r in rs])
+        gen = total.generation_seconds
+        alpha = total.acceptance_rate if total.n_drafted else None
+        row = {
+            "mode": config.mode, "label": config.label, "draft_max": config.draft_max, "group": key,
+            "n_prompts": len({r.prompt for r in rs}), "repeats": settings.repeats,
+            "tokens_per_second": median, "tokens_per_second_min": low, "tokens_per_second_max": high,
+            "speedup": median / target_tps[key] if target_tps.get(key) else None,
+            "prompt_tokens_per_second": total.n_prompt / max(1e-9, total.prompt_seconds),
+            "n_generated": total.n_generated,
+            "acceptance_rate": alpha,
+            "tokens_per_round": total.tokens_per_round,
+            "full_accepts": total.full_accepts if total.n_drafted else None,
+            "draft_share": total.draft_seconds / gen if gen else None,
+            "verify_share": total.target_seconds / gen if gen else None,
+            "overhead_share": total.overhead_seconds / gen if gen else None,
+            "peak_rss_bytes": max(r.rss for r in rs),
+            "identical_to_target": None, "divergence": None,
+            "predicted_speedup": None, "predicted_speedup_costs": None,
+        }
+        if settings.comparable and config.mode in DRAFTING_MODES:
+            row["identical_to_target"] = True
+            for r in rs:
+                ref = reference.get((r.prompt, r.repeat))
+                if ref is not None and ref.tokens != r.tokens:
+                    pos = next((i for i, (a, b) in enumerate(zip(ref.tokens, r.tokens)) if a != b), min(len(ref.tokens), len(r.tokens)))
+                    row["identical_to_target"] = False
+                    if row["divergence"] is None:
+                        row["divergence"] = {"prompt": r.prompt.label, "token": pos}
+        if alpha is not None and config.draft_max and costs is not None and config.mode != "auto":
+            draft_cost = (costs.draft_token_seconds if config.mode == "draft" else 0.0) or 0.0
+            row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, draft_cost / costs.target_token_seconds)
+            # the same expectation with the verify batch's measured cost instead of one step's
+            row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, verification.batch_limit())
+        out.append(row)
+    return out
+
+
+def explain_divergences(rows_: list[dict], runs: list[Run], engine: Engine) -> None:
+    """Fill in the target's logit gap at each reported divergence (a diagnostic pass, not timed)."""
+    by_label = {(r.prompt.label, r.repeat): r for r in runs if r.config.mode == "target"}
+    tokens_for = {r.prompt.label: r.prompt for r in runs}
+    for row in rows_:
+        d = row.get("divergence")
+        if d and "gap" not in d:
+            ref = by_label.get((d["prompt"], 0))
+            if ref is not None:
+                d["gap"] = divergence_gap(engine, prompt_tokens(engine, tokens_for[d["prompt"]]), ref.tokens, d["token"])
+
+
+def tps(rs: list[Run]) -> tuple[float, float, float]:
+    """Median, min and max over repeats of (tokens / generation seconds) summed over prompts."""
+    per_repeat = {}
+    for r in rs:
+        tokens, seconds = per_repeat.get(r.repeat, (0, 0.0))
+        per_repeat[r.repeat] = (tokens + r.stats.n_timed, seconds + r.stats.generation_seconds)
+    values = [t / s for t, s in per_repeat.values() if s > 0] or [0.0]
+    return statistics.median(values), min(values), max(values)

@@ -1,0 +1,106 @@
+"""`ggufspec doctor`: what this machine is, what this build can do, and what is wrong here."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..llama import backend, devices, runtime, system
+from ..costs import Costs
+from ..llama.measure import bad_entries, is_current, load_cache
+from ..verification import Verification
+from ..paths import costs_file, models_dir
+
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+              "amx_bf16", "asimd", "sve")
+
+
+def _quant(path: str) -> str | None:
+    from ..errors import GGUFSpecError
+    from ..llama.gguf_info import read_info
+
+    try:
+        return read_info(path).file_type
+    except GGUFSpecError:  # unreadable as GGUF metadata (it ran, so llama.cpp read it): the figures still stand
+        return None
+
+
+def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
+    """(this machine's cached target costs, the machines of the other entries, keys of damaged entries)."""
+    mine, others = [], {}
+    cache = load_cache()
+    damaged = bad_entries(cache)
+    for key, entry in cache.items():
+        if key in damaged or key.endswith("|draft"):
+            continue
+        if key.endswith(f"machine {machine_id}"):
+            if not is_current(key):
+                continue  # an older version's measurement, or of a file since changed or gone: never read again
+            c = Costs(entry["target_batch_seconds"], entry["exact_batch"], exact_kv=entry.get("exact_kv"))
+            parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id
+            mine.append({"model": parts[0], "threads": parts[3][1:], "n_gpu_layers": parts[4][3:],
+                         "placement": parts[5] if len(parts) > 6 else "default", "target_step_seconds": c.target_token_seconds,
+                         "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
+                         "ceiling_speedup": c.ceiling(Verification.of(c).batch_limit())[0],
+                         "why": c.why(_quant(parts[0]))})
+        else:
+            m = entry.get("machine")
+            m = m if isinstance(m, dict) else {"cpu": "a machine this version cannot name"}
+            others[m.get("cpu", "?")] = m
+    return mine, list(others.values()), damaged
+
+
+def problems(features: list[str], cpu_buffer_types: list[str], other_machines: list[dict],
+             damaged: list[str] = ()) -> list[dict]:
+    """Every known problem here, with its fix; severity 'error' means ggufspec cannot run well."""
+    out = []
+    if system.amx_active(features, cpu_buffer_types):
+        out.append({"severity": "warning", "problem": "this llama-cpp-python build uses llama.cpp's AMX kernels, which crash "
+                    "on Q4_K/Q6_K weights on this CPU (llama.cpp issue 20824); ggufspec places such weights itself "
+                    "(repacked, without AMX), but llama_cpp.Llama and other programs on this build will crash",
+                    "fix": system.reinstall_command(runtime.llama_cpp_version())})
+    gpu = system.gpu_problem(features, system.nvidia_gpu_visible())
+    if gpu:
+        out.append({"severity": "error", **gpu})
+    if other_machines:
+        names = "; ".join(m.get("cpu", "?") for m in other_machines)
+        out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) holds measurements from other "
+                    f"machines ({names}); they are never used here", "fix": "none needed; `ggufspec costs` measures this machine"})
+    if damaged:
+        out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) has {len(damaged)} damaged "
+                    f"entr{'y' if len(damaged) == 1 else 'ies'} (wrong shape: edited by hand or written by another "
+                    "version); ggufspec ignores them and measures again",
+                    "fix": "none needed; `ggufspec costs --refresh` rewrites them, or delete the file"})
+    return out
+
+
+def diagnose(rpc: str | None = None) -> dict:
+    """Everything `ggufspec doctor` reports; rpc: servers to register first, so their devices show."""
+    if rpc:
+        from ..llama.rpc import add_servers
+
+        add_servers(rpc)
+    features = runtime.build_features()
+    bufts = devices.cpu_buffer_types()
+    machine = backend.machine()
+    flags = system.cpu_flags()
+    mine, others, damaged = _costs(machine["id"])
+    folder = models_dir()
+    found = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
+    return {
+        "python": sys.version.split()[0],
+        "llama_cpp_python": runtime.llama_cpp_version(),
+        "build_features": features,
+        "system_info": runtime.system_info(),
+        "cpu": system.cpu_model(),
+        "cpu_features": [f for f in SIMD_FLAGS if f in flags],
+        "cpu_buffer_types": bufts,
+        "threads": backend.default_threads(),
+        "logical_cpus": os.cpu_count(),
+        "devices": devices.devices(),
+        "machine_id": machine["id"],
+        "models_dir": str(folder),
+        "models": [{"file": p.name, "size_bytes": p.stat().st_size} for p in found],
+        "costs": mine,
+        "problems": problems(features, bufts, others, damaged),
+    }

@@ -1,0 +1,265 @@
+"""The `ggufspec` command: it parses, calls one library function per command, and prints.
+
+Flag names follow llama.cpp. Every user error is one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import sys
+import time
+
+import click
+
+from ..core import MODES
+from ..errors import GGUFSpecError, exactly_one
+from .machine import costs_command, doctor, plan_command, rpc_server, tune_command
+from .models import models
+from .progress import BenchProgress
+from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, rpc_option,
+                      sampling_options, split_options, target_option, user_errors, whole_number)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (what `timeout` and service managers send) stops a run the way Ctrl-C does, so the
+    finished runs are still reported; yields a list that holds the signal once one came."""
+    came: list[int] = []
+
+    def handler(signum, frame):
+        came.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield came
+        return
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class OneLineErrors(click.Group):
+    """Usage errors as one line (`Error: ...`), like every other error, instead of click's usage block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            click.echo(f"Error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:  # a Ctrl-C while click parses the command line: as everywhere else
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        if isinstance(rv, int) and rv:
+            sys.exit(rv)
+        return rv
+
+
+@click.group(cls=OneLineErrors)
+@click.version_option(package_name="ggufspec")
+def cli():
+    """Speculative decoding for GGUF models on llama.cpp, and an honest with/without-draft benchmark."""
+
+
+@cli.command()
+@model_options
+@sampling_options
+@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Read the prompt from a file ('-' for stdin); its bytes are tokenized as they are, as llama.cpp does.")
+@click.option("--chat", "chat_message", help="A user message, sent through the model's chat template.")
+@click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
+@json_option
+@user_errors
+def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
+    """Generate text, with a draft model speculating for the target.
+
+    \b
+    Example:
+      ggufspec generate -m target.gguf -md draft.gguf -p "def quicksort(a):" -n 64
+      ggufspec generate qwen2.5-coder-1.5b --chat "Write a haiku about caches" --json
+    """
+    from ..models.resolve import merge_pair_settings, open_engine
+
+    exactly_one({"-p PROMPT": prompt, "-f FILE": prompt_file, "--chat MESSAGE": chat_message})
+    if prompt_file is not None:
+        prompt = read_prompt_file(prompt_file)
+    load, settings, draft_max = split_options(options)
+    if draft_max is not None:
+        settings["draft_max"] = whole_number(draft_max, "--draft-max")
+    engine, pair_defaults = open_engine(load)
+    with engine:
+        settings, _ = merge_pair_settings(pair_defaults.get("settings", {}), settings)
+        if stop:
+            settings["stop"] = tuple(stop)
+        messages = [{"role": "user", "content": chat_message}] if chat_message is not None else None
+        tokens = engine.tokenize_prompt(prompt, messages)
+        if as_json:
+            click.echo(json.dumps({**engine.generate(prompt_tokens=tokens, **settings).to_dict(),
+                                   "placement": engine.weights()}))
+            return
+        chunk = None
+        for chunk in engine.stream(prompt_tokens=tokens, **settings):
+            click.echo(chunk.text, nl=False)
+            sys.stdout.flush()
+        click.echo()
+        click.echo(chunk.stats.summary(), err=True)
+
+
+def read_prompt_file(path: str) -> bytes:
+    """The bytes of a prompt file, or of standard input for '-'; one line if neither can be read."""
+    if path == "-":
+        if sys.stdin is None:
+            raise GGUFSpecError("-f -: standard input is closed; pipe the prompt in, or give -p PROMPT or -f FILE")
+        try:
+            return sys.stdin.buffer.read()
+        except (OSError, ValueError) as e:
+            raise GGUFSpecError(f"-f -: cannot read standard input ({e})") from None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise GGUFSpecError(f"-f {path}: cannot read the prompt file ({e.strerror})") from None
+
+
+@cli.command()
+@model_options
+@sampling_options
+@click.option("--modes", default=",".join(MODES), show_default=True,
+              help=f"Comma list of --mode values to run: {', '.join(MODES)} (see generate --help).")
+@click.option("--suite", "suites", default="code,edit,chat,summarize", show_default=True,
+              help="Comma list of built-in prompt suites: code, edit, chat, summarize, fix (bug fixes "
+                   "answered with the whole code: where prompt lookup pays).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="Your own prompts: text (one per line) or JSONL with `prompt` or `messages`.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Counted runs per prompt (median reported).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Uncounted runs per configuration.")
+@click.option("--natural-stop", is_flag=True, help="Stop at end-of-generation tokens instead of generating -n tokens.")
+@click.option("--by-suite", is_flag=True, help="A row per mode and suite.")
+@click.option("--per-prompt", is_flag=True, help="A row per mode and prompt.")
+@click.option("--save-outputs", type=click.Path(file_okay=False), default=None, help="Save the texts side by side here.")
+@json_option
+@click.option("--csv", "as_csv", is_flag=True, help="CSV rows.")
+@click.option("--markdown", "as_markdown", is_flag=True, help="A Markdown table.")
+@click.option("--wide", is_flag=True, help="Every column (time split, prompt speed, predictions), not only those that fit 120 columns.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="PNG of tok/s against --draft-max (needs matplotlib).")
+@click.option("--compare-llama-cpp", "llama_cpp_bin", type=click.Path(file_okay=False), default=None,
+              help="Folder with llama.cpp's llama-bench and llama-speculative-simple: add their rows on the same work.")
+@click.option("--limit", type=int, default=2, show_default=True, help="Prompts per suite (0: all 4).")
+@click.option("--reuse-prompt", is_flag=True,
+              help="Keep what the KV cache holds of a prompt between runs (whole -b batches; output unchanged): "
+                   "warm prefill. Default: every run evaluates its whole prompt.")
+@user_errors
+def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, per_prompt, save_outputs,
+          as_json, as_csv, as_markdown, wide, plot, llama_cpp_bin, limit, reuse_prompt, **options):
+    """Benchmark target-only against speculative decoding (and the draft alone) on the same prompts.
+
+    With no PAIR or -m it runs the default pair of models.toml. Greedy by default, -n tokens per
+    prompt; every speed-up is against the target alone, measured in the same process.
+
+    \b
+    Examples:
+      ggufspec bench
+      ggufspec bench --suite edit --draft-max 1,2,3,4,8 --plot sweep.png
+      ggufspec bench -m target.gguf -md draft.gguf --temp 0.2 --repeats 3 --json
+    """
+    from ..bench import benchmark as B
+    from ..bench.prompts import load_prompts
+    from ..bench.report import bench_footer, bench_table, to_csv, to_json
+
+    load, given, draft_max = split_options(options)
+    for key in ("mode", "ignore_eos"):
+        given.pop(key, None)
+    settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),
+                               int_list(draft_max, "--draft-max"), given.pop("max_tokens", None) or 64,
+                               repeats, warmup, not natural_stop, given, reuse_prompt)
+    prompts = load_prompts(prompts_file, suites, limit)
+    if plot:
+        from ..bench.report import plot_library
+
+        plot_library()  # before the run, not after it
+    by = "prompt" if per_prompt else "suite" if by_suite else "all"
+    progress = BenchProgress()
+    try:
+        with terminate_as_interrupt() as signals:
+            result = B.benchmark(load, prompts, settings, by=by, llama_cpp_bin=llama_cpp_bin, outputs_dir=save_outputs,
+                                 progress=progress)
+    except KeyboardInterrupt:  # before any run finished (while loading): nothing to show
+        click.echo(f"\n{'terminated' if signals else 'interrupted'}", err=True)
+        sys.exit(128 + signal.SIGTERM if signals else 130)
+    finally:
+        progress.close()
+    if result.interrupted:
+        click.echo(f"{'terminated' if signals else 'interrupted'}: showing the finished runs", err=True)
+    if as_json:
+        click.echo(to_json({**result.meta, "rows": result.rows}))
+    elif as_csv:
+        click.echo(to_csv(result.rows, [(k, k) for k in result.rows[0]] if result.rows else None), nl=False)
+    else:
+        click.echo(bench_table(result.rows, grouped=by != "all", wide=wide, as_markdown=as_markdown))
+        footer = bench_footer(result.meta)
+        if footer:
+            click.echo("\n" + footer)
+    if plot:
+        from ..bench.report import plot_sweep
+
+        plot_sweep(result.rows, plot)
+    if result.meta.get("outputs_error"):
+        click.echo(f"Error: {result.meta['outputs_error']}", err=True)
+        sys.exit(1)
+    if result.interrupted:
+        sys.exit(128 + signal.SIGTERM if signals else 130)
+
+
+cli.add_command(models)
+for command in (costs_command, plan_command, tune_command, doctor, rpc_server):
+    cli.add_command(command)
+
+
+def uses_rpc(args: list[str]) -> bool:
+    """Whether a command line names RPC servers (`--rpc HOST:PORT` or `--rpc=HOST:PORT`)."""
+    return any(a == "--rpc" or a.startswith("--rpc=") for a in args)
+
+
+def main():
+    if sys.stdout is None:  # started with standard output closed (`>&-`): nothing could be shown
+        print("Error: standard output is closed; redirect it to a file or /dev/null instead", file=sys.stderr)
+        sys.exit(1)
+    if (uses_rpc(sys.argv[1:]) or os.environ.get("GGUFSPEC_RPC")) and not os.environ.get("GGUFSPEC_CHILD"):
+        from .guard import run_guarded
+
+        sys.exit(run_guarded(sys.argv[1:]))
+    try:
+        try:
+            cli(prog_name="ggufspec")
+        finally:
+            sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
+    except BrokenPipeError:  # `ggufspec ... | head`: the reader has what it wanted
+        _silence_stdout()
+        sys.exit(141)
+    except OSError as e:
+        if e.filename is not None or e.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF):
+            raise
+        _silence_stdout()
+        print(f"Error: could not write the output ({e.strerror or e}); check the disk or the pipe it goes to", file=sys.stderr)
+        sys.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+if __name__ == "__main__":
+    main()

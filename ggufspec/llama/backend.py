@@ -1,0 +1,377 @@
+"""Models and contexts: load with n_gpu_layers, decode a batch, logits, KV rewind, vocabulary.
+
+llama.cpp itself is reached through `runtime` (the one importer of llama_cpp) and ggml's devices
+through `devices`; the AMX route is `amx`. Thin wrappers over llama-cpp-python's low-level API. Logits come back as numpy views on
+llama.cpp's own buffer (valid until the next decode on that context), so the hot path copies
+nothing per row. Every handle is freed by `close()` (or `with`), in the right order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from . import amx, system
+from .devices import descriptions, device_array, devices, supports_gpu_offload
+from ..errors import ContextFullError, GGUFSpecError
+from .gguf_info import read_info
+from .runtime import C, build_features, init, interruptible, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
+
+VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+# Where llama.cpp put the weights, as its load log says: "load_tensors: CPU_REPACK model buffer size = 1.2 MiB".
+_BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+
+
+@functools.cache
+def machine() -> dict:
+    """This machine's identity (CPU, build features, devices, llama.cpp version) and its id."""
+    local = [d for d in devices() if d["type"] != "RPC"]  # remote devices are part of a model's placement
+    return system.describe(system.cpu_model(), build_features(), local, llama_cpp_version())
+
+
+def default_threads() -> int:
+    """Physical cores: llama.cpp's matmuls gain nothing from hyper-threads."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+class Closing:
+    """`with` and garbage collection both end in `close()`, which must be safe to call twice."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class VocabFacts:
+    """What the vocabulary checks (`compat`) read of a model: type, size, BOS/EOS handling, token texts."""
+
+    def _read_vocab(self, vocab) -> None:
+        self._vocab = vocab
+        self.n_vocab = C.llama_vocab_n_tokens(vocab)
+        self.vocab_type = VOCAB_TYPES.get(C.llama_vocab_type(vocab), "unknown")
+        self.bos = C.llama_vocab_bos(vocab)
+        self.eos = C.llama_vocab_eos(vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(vocab))
+        self.add_eos = bool(C.llama_vocab_get_add_eos(vocab))
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry (what llama.cpp compares between draft and target)."""
+        return C.llama_vocab_get_text(self._vocab, token) or b""
+
+
+class LlamaModel(VocabFacts):
+    """The model of a `llama_cpp.Llama`, borrowed (freed with the Llama): its vocabulary for GGUFDraftModel's
+    checks, and what names its costs in the cache (file, offload, the context settings that change them)."""
+
+    def __init__(self, llama):
+        self.path = Path(getattr(llama, "model_path", "the Llama's model"))
+        self._read_vocab(llama._model.vocab)
+        self.n_gpu_layers = int(llama.model_params.n_gpu_layers)
+        cp = llama.context_params
+        self.devices_key = (f"Llama fa{getattr(cp, 'flash_attn_type', '?')} ub{cp.n_ubatch} "
+                            f"tb{cp.n_threads_batch} kqv{int(cp.offload_kqv)}")
+
+
+class Model(VocabFacts, Closing):
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
+                 vocab_only: bool = False, avoid_amx: bool | None = None, devices: list[str] | None = None):
+        init()
+        self.path = Path(path)
+        self.role = role
+        self.info = read_info(self.path)  # one clear line for missing, non-GGUF or truncated files
+        problem = amx.problem(self.info)
+        self.avoids_amx = bool(problem) if avoid_amx is None else avoid_amx
+        if n_gpu_layers != 0 and not supports_gpu_offload():
+            warn_once("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU")
+        params = self._params(n_gpu_layers, repack, vocab_only, devices)
+        self.devices = devices
+        described = descriptions() if devices else {}
+        # What decides where layers run, for the cost cache: devices by name and what they are.
+        self.devices_key = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
+        self._model, log = load_model(str(self.path), params)
+        # Where llama.cpp put the weights, as it reports it: {buffer name: MiB}.
+        self.buffers = {m.group(1): float(m.group(2)) for m in map(_BUFFER_LINE.search, log) if m}
+        if not self._model and problem:
+            raise GGUFSpecError(f"{self.path}: {problem}")
+        if not self._model:
+            raise GGUFSpecError(
+                f"{self.path}: llama.cpp could not load this {role} (unsupported architecture or damaged file; "
+                "--verbose shows llama.cpp's reason)"
+            )
+        self.n_gpu_layers = int(n_gpu_layers)
+        self._read_vocab(C.llama_model_get_vocab(self._model))
+        self.n_layer = C.llama_model_n_layer(self._model)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for t in range(self.n_vocab):
+            self._eog[t] = C.llama_vocab_is_eog(self._vocab, t)
+
+    def _params(self, n_gpu_layers: int, repack: bool, vocab_only: bool, devices: list[str] | None):
+        """llama_model_params; what they point at is kept alive on self."""
+        params = C.llama_model_default_params()
+        if self.avoids_amx and repack and not vocab_only:
+            self._overrides = amx.RepackOverrides(self.info, n_gpu_layers)
+            params.tensor_buft_overrides = self._overrides.pointer
+            repack = False
+        params.n_gpu_layers = int(n_gpu_layers)
+        params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
+        params.vocab_only = bool(vocab_only)
+        if devices is not None:  # llama.cpp's -dev: the devices layers may go to (an empty list: the CPU only)
+            self._devices = device_array(devices)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        return params
+
+    # -- vocabulary ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to token ids the way llama.cpp's tools do (BOS if the model wants it, special tokens parsed).
+        Bytes are tokenized as they are, as llama.cpp does with a prompt file in any encoding."""
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        n = C.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
+
+    @property
+    def eog_mask(self) -> np.ndarray:
+        return self._eog
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """Render chat messages with the GGUF's template in llama-cpp-python's sandboxed Jinja environment."""
+        template = self.chat_template
+        if not template:
+            raise GGUFSpecError(f"{self.path}: this model has no chat template; use a plain prompt (-p) instead of --chat")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        bos = self.token_text(self.bos).decode("utf-8", errors="replace") if self.bos >= 0 else ""
+        eos = self.token_text(self.eos).decode("utf-8", errors="replace") if self.eos >= 0 else ""
+        try:
+            return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)(messages=messages).prompt
+        except Exception as e:  # a template error is the model's, but the user needs to hear of it in one line
+            raise GGUFSpecError(f"{self.path}: its chat template failed to render ({type(e).__name__}: {e})") from None
+
+    def tokenize_chat(self, messages: list[dict]) -> list[int]:
+        text = self.render_chat(messages)
+        bos_text = self.token_text(self.bos).decode("utf-8", errors="replace") if self.bos >= 0 else ""
+        # Templates often write the BOS themselves; do not add a second one.
+        add_special = not (self.add_bos and bos_text and text.startswith(bos_text))
+        return self.tokenize(text, add_special=add_special, parse_special=True)
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            C.llama_model_free(self._model)
+            self._model = None
+
+
+class Context(Closing):
+    """A llama.cpp context on one model, one sequence, with a reusable batch.
+
+    `tokens` are what the KV cache holds, position by position (`n_past` of them); `decode` appends,
+    `truncate` rewinds. `canonical`: how many leading positions were computed in whole batches of
+    n_batch tokens aligned at multiples of n_batch, each decoded after canonical ones, i.e. exactly
+    as one decode of the same tokens from position 0 computes them (llama.cpp splits a prompt into
+    such batches itself); `reusable` keeps only those, so a reused prompt is bit-identical to a cold one.
+    """
+
+    def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None):
+        self.model = model
+        self.n_vocab = model.n_vocab
+        n_threads = n_threads or default_threads()
+        params = C.llama_context_default_params()
+        params.n_ctx = int(n_ctx)
+        params.n_batch = int(n_batch)
+        params.n_ubatch = int(n_batch)
+        params.n_seq_max = 1
+        params.n_threads = int(n_threads)
+        params.n_threads_batch = int(n_threads)
+        params.no_perf = True
+        self._owned = True
+        # llama.cpp logs while it allocates the KV cache: a signal then would be lost inside the log callback
+        with interruptible():
+            self._ctx = C.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise GGUFSpecError(
+                f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"
+            )
+        self._setup(min(int(n_ctx), C.llama_n_ctx(self._ctx)), n_threads)  # llama.cpp pads n_ctx up; the user's size is the limit
+
+    @classmethod
+    def of_llama(cls, llama) -> "Context":
+        """A Context on a `llama_cpp.Llama`'s own llama.cpp context (its flash attention, threads, offload),
+        to measure costs through it; the Llama keeps owning model and context. Leaves its cache as found
+        only if cleared: call `llama.reset()` after use."""
+        self = cls.__new__(cls)
+        self.model = LlamaModel(llama)
+        self.n_vocab = self.model.n_vocab
+        self._owned = False
+        self._ctx = llama._ctx.ctx
+        self._setup(llama.n_ctx(), int(llama.context_params.n_threads))
+        return self
+
+    def _setup(self, n_ctx: int, n_threads: int) -> None:
+        self.n_ctx = n_ctx
+        self.n_batch = C.llama_n_batch(self._ctx)
+        self.n_threads = n_threads
+        self._mem = C.llama_get_memory(self._ctx)
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._batch_live = True
+        for i in range(self.n_batch):  # one sequence: set once, never touched again
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._token_buf = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
+        self._pos_buf = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
+        self.tokens: list[int] = []
+        self.canonical = 0
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def reusable(self, prompt_tokens: list[int]) -> int:
+        """How many leading tokens of `prompt_tokens` a new generation may keep from the KV cache and
+        still compute the rest exactly as a cold start would: the common prefix, within `canonical`,
+        rounded down to a whole batch; the prompt's last token is always evaluated again (its logits
+        are needed)."""
+        limit = min(self.canonical, len(prompt_tokens) - 1)
+        common = 0
+        while common < limit and self.tokens[common] == prompt_tokens[common]:
+            common += 1
+        return common - common % self.n_batch
+
+    def start(self, prompt_tokens: list[int], *, reuse: bool = False) -> int:
+        """Rewind for a new prompt: keep its `reusable` part (reuse) or nothing; return how many tokens were kept."""
+        keep = self.reusable(prompt_tokens) if reuse else 0
+        if keep:
+            self.truncate(keep)
+        else:
+            self.clear()
+        return keep
+
+    def decode(self, tokens, *, logits: str = "last") -> np.ndarray | None:
+        """Append `tokens` at positions n_past.. and run the model.
+
+        logits: "last" (one row), "all" (a row per token) or "none". Returns a read-only view of
+        shape (rows, n_vocab) on llama.cpp's buffer, valid until the next decode.
+        """
+        tokens = np.asarray(tokens, dtype=np.int32)
+        n = len(tokens)
+        if n == 0:
+            raise GGUFSpecError("nothing to decode: no tokens were given")
+        if self.n_past + n > self.n_ctx:
+            raise ContextFullError(
+                f"the context is full: {self.n_past} + {n} tokens do not fit in n_ctx={self.n_ctx}; raise -c or lower -n"
+            )
+        if logits == "all" and n > self.n_batch:
+            raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
+        start = 0
+        while start < n:
+            end = min(n, start + self.n_batch)
+            m = end - start
+            self._token_buf[:m] = tokens[start:end]
+            self._pos_buf[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            if logits == "all":
+                self._out_buf[:m] = 1
+            else:
+                self._out_buf[:m] = 0
+                if logits == "last" and end == n:
+                    self._out_buf[m - 1] = 1
+            self._batch.n_tokens = m
+            self._check(C.llama_decode(self._ctx, self._batch), m)
+            if self.canonical == self.n_past and m == self.n_batch and self.n_past % self.n_batch == 0:
+                self.canonical += m
+            self.tokens.extend(int(t) for t in tokens[start:end])
+            start = end
+        if logits == "none":
+            return None
+        rows = n if logits == "all" else 1
+        view = np.ctypeslib.as_array(C.llama_get_logits(self._ctx), shape=(rows, self.n_vocab))
+        view.flags.writeable = False
+        return view
+
+    def _check(self, rc: int, m: int) -> None:
+        if rc == 0:
+            return
+        if rc == 1:
+            raise ContextFullError(
+                f"the context is full: no KV slot for {m} tokens at position {self.n_past} (n_ctx={self.n_ctx}); raise -c or lower -n"
+            )
+        if rc == 2:
+            raise GGUFSpecError("llama_decode was aborted")
+        if rc == -1:
+            raise GGUFSpecError("llama_decode rejected the batch as invalid (a token id outside the vocabulary?)")
+        raise GGUFSpecError(f"llama_decode failed with code {rc} (out of memory or a backend error; --verbose shows more)")
+
+    def truncate(self, n_keep: int) -> None:
+        """Forget every position from n_keep on (rewinds rejected draft tokens)."""
+        if n_keep < self.n_past:
+            if not C.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+                raise GGUFSpecError(f"llama.cpp could not rewind the KV cache to position {n_keep}")
+            del self.tokens[n_keep:]
+            self.canonical = min(self.canonical, n_keep)
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+        self.canonical = 0
+
+    def close(self) -> None:
+        if getattr(self, "_batch_live", False):
+            C.llama_batch_free(self._batch)
+            self._batch_live = False
+        if getattr(self, "_ctx", None):
+            if getattr(self, "_owned", True):
+                C.llama_free(self._ctx)
+            self._ctx = None

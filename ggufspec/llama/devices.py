@@ -1,0 +1,130 @@
+"""ggml's devices, which llama-cpp-python does not wrap: what is here, the CPU's weight buffer types,
+device handles for a model's -dev list, and the RPC backend's two entry points (add a server, run one)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from ..errors import GGUFSpecError
+from .runtime import init
+
+DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator", 4: "meta"}
+
+
+@functools.cache
+def _lib():
+    from llama_cpp._ggml import libggml as lib
+
+    p, s = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in [("ggml_backend_dev_count", [], s), ("ggml_backend_dev_get", [s], p),
+                            ("ggml_backend_dev_name", [p], ctypes.c_char_p),
+                            ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+                            ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
+                            ("ggml_backend_dev_type", [p], ctypes.c_int), ("ggml_backend_dev_backend_reg", [p], p),
+                            ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
+                            ("ggml_backend_buft_name", [p], ctypes.c_char_p),
+                            ("ggml_backend_reg_by_name", [ctypes.c_char_p], p), ("ggml_backend_register", [p], None),
+                            ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
+                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p)]:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def ggml():
+    """ggml's device and backend-registry functions, typed (the library llama-cpp-python loaded)."""
+    init()
+    return _lib()
+
+
+def _proc(reg, name: bytes, restype, *argtypes):
+    """A function a backend registry exports by name (None where this build lacks it)."""
+    address = ggml().ggml_backend_reg_get_proc_address(reg, name) if reg else None
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address) if address else None
+
+
+def devices() -> list[dict]:
+    """Every ggml device llama.cpp can place layers on, with memory as it reports it."""
+    lib, out = ggml(), []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        name = lib.ggml_backend_dev_name(dev).decode()
+        out.append({"name": name, "description": lib.ggml_backend_dev_description(dev).decode(),
+                    "type": "RPC" if name.startswith("RPC") else DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
+                    "free_bytes": free.value, "total_bytes": total.value})
+    return out
+
+
+def supports_gpu_offload() -> bool:
+    """Whether layers can leave the CPU: a GPU, accelerator or RPC device is there. (llama.cpp's own
+    llama_supports_gpu_offload is true for any build with the RPC backend, devices or not.)"""
+    return any(d["type"] != "CPU" for d in devices())
+
+
+def descriptions() -> dict[str, str]:
+    return {d["name"]: d["description"] for d in devices()}
+
+
+def cpu_device():
+    """The CPU's ggml device handle (None on a build without one)."""
+    return ggml().ggml_backend_dev_by_type(0)
+
+
+def cpu_extra_bufts() -> list[tuple[str, int]]:
+    """(name, handle) of the CPU device's extra weight buffer types, in the order llama.cpp tries them."""
+    lib, dev = ggml(), cpu_device()
+    get = _proc(lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts",
+                ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p) if dev else None
+    if get is None:
+        return []
+    bufts, out = get(dev), []
+    for j in range(16):  # NULL-terminated
+        if not bufts[j]:
+            break
+        out.append((lib.ggml_backend_buft_name(bufts[j]).decode(), bufts[j]))
+    return out
+
+
+def cpu_buffer_types() -> list[str]:
+    """The CPU device's extra weight buffer types (AMX, CPU_REPACK, ...)."""
+    return [name for name, _ in cpu_extra_bufts()]
+
+
+def device_array(names: list[str]):
+    """The NULL-terminated device list llama_model_params.devices takes (llama.cpp's -dev)."""
+    lib = ggml()
+    handles = []
+    for name in names:
+        dev = lib.ggml_backend_dev_by_name(name.encode())
+        if not dev:
+            known = ", ".join(d["name"] for d in devices())
+            raise GGUFSpecError(f"no device named {name!r} here (llama.cpp sees: {known})")
+        handles.append(dev)
+    return (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+
+
+def rpc_add_server(endpoint: str) -> list[str] | None:
+    """Register an RPC server's devices with llama.cpp; their names (None: this build has no RPC backend)."""
+    lib = ggml()
+    add = _proc(lib.ggml_backend_reg_by_name(b"RPC"), b"ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)
+    if add is None:
+        return None
+    reg = add(endpoint.encode())
+    if not reg:
+        return []
+    lib.ggml_backend_register(reg)
+    return [lib.ggml_backend_dev_name(lib.ggml_backend_reg_dev_get(reg, i)).decode()
+            for i in range(lib.ggml_backend_reg_dev_count(reg))]
+
+
+def rpc_server_entry():
+    """llama.cpp's ggml_backend_rpc_start_server serving the CPU device, as (start, devices), or None."""
+    cpu = cpu_device()
+    start = _proc(ggml().ggml_backend_reg_by_name(b"RPC"), b"ggml_backend_rpc_start_server", None, ctypes.c_char_p,
+                  ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
+    if not cpu or start is None:
+        return None
+    return start, (ctypes.c_void_p * 2)(cpu, None)

@@ -1,0 +1,245 @@
+"""Reads GGUF headers with the `gguf` package: validation before llama.cpp sees a file, and facts.
+
+The only module that imports `gguf`. llama.cpp can crash or print pages of log on a damaged
+file; checking the header and the tensor extents here first turns that into one clear line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import GGUFSpecError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    n_bytes: int
+    type_name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """What a GGUF file says about itself (no weights are read)."""
+
+    path: str
+    file_size: int
+    architecture: str
+    name: str
+    n_layers: int
+    n_ctx_train: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int
+    vocab_type: str
+    file_type: str
+    has_chat_template: bool
+    tensors: tuple[TensorInfo, ...] = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "file_size": self.file_size,
+            "architecture": self.architecture,
+            "name": self.name,
+            "n_layers": self.n_layers,
+            "n_ctx_train": self.n_ctx_train,
+            "n_embd": self.n_embd,
+            "n_head": self.n_head,
+            "n_head_kv": self.n_head_kv,
+            "n_vocab": self.n_vocab,
+            "vocab_type": self.vocab_type,
+            "quantization": self.file_type,
+            "has_chat_template": self.has_chat_template,
+            "n_tensors": len(self.tensors),
+        }
+
+
+def check_file(path: str | os.PathLike) -> Path:
+    """Return the path if it is a readable file that starts like a GGUF, else raise one clear line."""
+    p = Path(path)
+    if not p.exists():
+        raise GGUFSpecError(f"{p}: no such file; give the path of a .gguf model or a name from models.toml")
+    if p.is_dir():
+        raise GGUFSpecError(f"{p}: is a directory, not a .gguf file")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise GGUFSpecError(f"{p}: cannot be read ({e.strerror})") from None
+    if magic != GGUF_MAGIC:
+        raise GGUFSpecError(f"{p}: not a GGUF file (it does not start with 'GGUF'); convert it with llama.cpp's convert_hf_to_gguf.py")
+    return p
+
+
+class _Reader:
+    """Little-endian GGUF values from a buffer, at a moving position: scalars and strings kept,
+    arrays of strings skipped but counted, small numeric arrays kept."""
+
+    def __init__(self, m):
+        import struct
+
+        from gguf import GGUFValueType as VT
+
+        self.m, self.pos, self.struct, self.VT = m, 0, struct, VT
+        self.scalar = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",
+                       VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q", VT.FLOAT64: "<d"}
+
+    def take(self, fmt: str):
+        v = self.struct.unpack_from(fmt, self.m, self.pos)[0]
+        self.pos += self.struct.calcsize(fmt)
+        return v
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.m):
+            raise ValueError("string runs past the end of the file")
+        v = bytes(self.m[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return v
+
+    def value(self, vtype: int):
+        VT = self.VT
+        vtype = VT(vtype)
+        if vtype == VT.STRING:
+            return self.string()
+        if vtype != VT.ARRAY:
+            return self.take(self.scalar[vtype])
+        etype, count = VT(self.take("<I")), self.take("<Q")
+        if etype == VT.STRING:
+            for _ in range(count):
+                n = self.take("<Q")  # (not `pos += take()`: that adds to the position before the take)
+                self.pos += n
+            return count
+        if etype == VT.ARRAY:
+            raise ValueError("nested arrays are not supported")
+        fmt = self.scalar[etype]
+        size = self.struct.calcsize(fmt)
+        if count <= 4096:  # small arrays (per-layer head counts) are worth keeping
+            vals = list(self.struct.unpack_from("<" + fmt[1] * count, self.m, self.pos))
+            self.pos += size * count
+            return vals
+        self.pos += size * count
+        return count
+
+
+class _Header:
+    """A fast walk over a GGUF header: scalar/string values kept, arrays skipped but counted.
+
+    gguf.GGUFReader builds a numpy object per vocabulary entry (10 s for a 150k vocabulary);
+    this reads what ggufspec needs in well under a second, with the format constants from gguf.
+    """
+
+    def __init__(self, path: Path):
+        import mmap
+
+        from gguf import GGUFValueType as VT
+
+        self.fields: dict[str, object] = {}
+        self.array_lengths: dict[str, int] = {}
+        self.tensors: list[TensorInfo] = []
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            r = _Reader(m)
+            if r.take("<4s") != GGUF_MAGIC:
+                raise ValueError("bad magic")
+            self.version = r.take("<I")
+            if self.version < 2:
+                raise ValueError(f"GGUF version {self.version} is too old")
+            n_tensors, n_kv = r.take("<Q"), r.take("<Q")
+            for _ in range(n_kv):
+                key = r.string()
+                vtype = r.take("<I")
+                v = r.value(vtype)
+                if VT(vtype) == VT.ARRAY and isinstance(v, int):
+                    self.array_lengths[key] = v
+                self.fields[key] = v
+            infos = []
+            for _ in range(n_tensors):
+                name = r.string()
+                dims = tuple(r.take("<Q") for _ in range(r.take("<I")))
+                infos.append((name, dims, r.take("<I"), r.take("<Q")))
+            align = int(self.fields.get("general.alignment", 32))
+            self._tensors(infos, (r.pos + align - 1) // align * align, len(m))
+
+    def _tensors(self, infos, data_start: int, size: int) -> None:
+        """Each tensor's type and size, checked to lie within the file."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        for name, dims, ttype, offset in infos:
+            qtype = GGMLQuantizationType(ttype)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            n_elements = 1
+            for d in dims:
+                n_elements *= d
+            n_bytes = n_elements // block * type_size
+            end = data_start + offset + n_bytes
+            if end > size:
+                raise _Truncated(name, end, size)
+            self.tensors.append(TensorInfo(name, n_bytes, qtype.name, dims))
+
+
+class _Truncated(Exception):
+    def __init__(self, name, end, size):
+        super().__init__(name)
+        self.name, self.end, self.size = name, end, size
+
+
+def read_info(path: str | os.PathLike) -> GGUFInfo:
+    """Parse the header and tensor table; raise GGUFSpecError if the file is damaged or cut short."""
+    from gguf import LlamaFileType
+
+    p = check_file(path)
+    size = p.stat().st_size
+    try:
+        header = _Header(p)
+    except _Truncated as t:
+        raise GGUFSpecError(
+            f"{p}: truncated GGUF (tensor {t.name} ends at byte {t.end:,} but the file has {t.size:,}); download it again"
+        ) from None
+    except Exception as e:  # struct.error, ValueError (unknown type codes), ... all mean damage
+        raise GGUFSpecError(f"{p}: damaged GGUF header ({type(e).__name__}: {e}); download the file again") from None
+    fields = header.fields
+    tensors = header.tensors
+    arch = str(fields.get("general.architecture", "unknown"))
+
+    def arch_int(key: str, default: int = 0) -> int:
+        v = fields.get(f"{arch}.{key}", default)
+        if isinstance(v, list):  # per-layer arrays (e.g. head counts): the planner wants the largest
+            v = max(v) if v else default
+        return int(v)
+
+    n_embd = arch_int("embedding_length")
+    n_head = arch_int("attention.head_count")
+    n_head_kv = arch_int("attention.head_count_kv", n_head) or n_head
+    head_dim = n_embd // n_head if n_head else 0
+    ftype = fields.get("general.file_type")
+    try:
+        file_type = LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else "unknown"
+    except ValueError:
+        file_type = f"type {ftype}"
+    return GGUFInfo(
+        path=str(p),
+        file_size=size,
+        architecture=arch,
+        name=str(fields.get("general.name", p.stem)),
+        n_layers=arch_int("block_count"),
+        n_ctx_train=arch_int("context_length"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=arch_int("attention.key_length", head_dim) or head_dim,
+        head_dim_v=arch_int("attention.value_length", head_dim) or head_dim,
+        n_vocab=header.array_lengths.get("tokenizer.ggml.tokens", 0),
+        vocab_type=str(fields.get("tokenizer.ggml.model", "none")),
+        file_type=file_type,
+        has_chat_template="tokenizer.chat_template" in fields,
+        tensors=tuple(tensors),
+    )

@@ -1,0 +1,191 @@
+"""Measuring what a decode costs here, and remembering it.
+
+Measured once per (model file, threads, offload, machine) and remembered in the cache
+directory: target decode time for batches of 1..16 tokens and of the longer sizes in
+`costs.LONG_BATCHES` (those between take the next measured size's time), the draft's time per token,
+and the largest batch whose logits equal one-token decoding bit for bit. The machine is named
+by its CPU, the features this llama.cpp build uses, its devices and its version, so a cache
+shared between machines (an NFS home, a copied image) never hands one machine another's costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from .backend import Context, machine
+from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs
+from ..paths import costs_file
+
+
+def _probe_tokens(ctx: Context, n: int) -> list[int]:
+    # Ordinary vocabulary entries, away from the special tokens at either end.
+    lo = min(100, ctx.n_vocab // 4)
+    return [lo + (i * 7919) % max(1, ctx.n_vocab // 2) for i in range(n)]
+
+
+def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -> tuple[list[float], int, int | None]:
+    """(seconds per batch size 1..max_batch, largest bit-exact batch, the KV length up to which it was
+    found exact: None if at every checkpoint the context allows). Leaves the KV cache empty.
+
+    Sizes up to EXACT_MAX are each timed, longer ones at LONG_BATCHES (and max_batch); a size between
+    takes the time of the next timed one up. The sizes take turns within each repeat, so a machine
+    that slows down part way through skews no size against another; each keeps its fastest time.
+    """
+    max_batch = max(1, min(max_batch, ctx.n_batch, ctx.n_ctx - 16))
+    timed = sorted(set(range(1, EXACT_MAX + 1)) | set(LONG_BATCHES) | {max_batch})
+    timed = [b for b in timed if b <= max_batch]
+    prefix = _probe_tokens(ctx, 8 + max_batch)
+    ctx.clear()
+    ctx.decode(prefix[:8], logits="none")
+    base = ctx.n_past
+    tokens = prefix[8:]
+    for x in tokens[:3]:  # warm-up: the first decodes page the mmapped weights in
+        ctx.decode([x])
+    best = {b: float("inf") for b in timed}
+    for _ in range(repeats):
+        for b in timed:
+            ctx.truncate(base)
+            start = time.perf_counter()
+            ctx.decode(tokens[:b], logits="all")
+            best[b] = min(best[b], time.perf_counter() - start)
+    seconds = [best[min(b for b in timed if b >= n)] for n in range(1, max_batch + 1)]
+    exact = exact_batch_at(ctx, base, min(max_batch, EXACT_MAX))
+    exact_kv, held = None, base + exact  # held: the longest KV length where exactness was seen
+    if exact > 1:
+        for kv in KV_CHECKPOINTS:
+            if kv > ctx.n_ctx or exact_batch_at(ctx, kv - exact, exact) < exact:
+                exact_kv = held  # not seen beyond: verify as inexact there
+                break
+            held = kv
+    ctx.clear()
+    return seconds, exact, exact_kv
+
+
+def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> int:
+    """The largest batch (up to max_batch) whose logits equal one-token decoding's, bit for bit,
+    after n_past tokens. Leaves the KV cache empty."""
+    tokens = _probe_tokens(ctx, n_past + max_batch)
+    ctx.clear()
+    ctx.decode(tokens[:n_past], logits="none")
+    singles = np.stack([ctx.decode([x])[0].copy() for x in tokens[n_past:]])
+    exact = max_batch
+    for b in range(2, max_batch + 1):
+        ctx.truncate(n_past)
+        if not np.array_equal(ctx.decode(tokens[n_past:n_past + b], logits="all"), singles[:b]):
+            exact = b - 1
+            break
+    ctx.clear()
+    return exact
+
+
+def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
+    """Seconds per one-token draft step, after a warm-up (the first decodes page the weights in)."""
+    tokens = _probe_tokens(ctx, 8 + n)
+    ctx.clear()
+    ctx.decode(tokens[:8], logits="none")
+    base = ctx.n_past
+    for x in tokens[8:11]:  # warm-up: mmapped weights, thread pool, caches
+        ctx.decode([x])
+    best = float("inf")
+    for _ in range(repeats):
+        ctx.truncate(base)
+        start = time.perf_counter()
+        for x in tokens[8:]:
+            ctx.decode([x])
+        best = min(best, (time.perf_counter() - start) / n)
+    ctx.clear()
+    return best
+
+
+# What this version measures, in every key: entries of other versions are never read (measured again).
+_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}"
+
+
+def _key(ctx: Context) -> str:
+    m = ctx.model
+    st = m.path.stat()
+    return (f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}"
+            f"|{_FORMAT}|machine {machine()['id']}")
+
+
+def is_current(key: str) -> bool:
+    """Whether this version would read the entry under `key` today: its format, and its file as it was measured."""
+    parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id[|draft]
+    if f"|{_FORMAT}|machine " not in key:
+        return False
+    try:
+        st = os.stat(parts[0])
+    except OSError:
+        return False
+    return parts[1:3] == [str(st.st_size), str(st.st_mtime_ns)]
+
+
+def load_cache() -> dict:
+    """Every cached entry, this machine's and others' (keys end in `machine <id>`)."""
+    try:
+        data = json.loads(costs_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_cache(data: dict) -> None:
+    path = costs_file()
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:  # no cache (read-only, full disk): measure again next time, and leave nothing behind
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+
+
+def valid_target_entry(entry) -> bool:
+    """Whether a cached target entry has the shape this version writes (else it is measured again)."""
+    if not isinstance(entry, dict):
+        return False
+    seconds, exact, kv = entry.get("target_batch_seconds"), entry.get("exact_batch"), entry.get("exact_kv")
+    return (isinstance(seconds, list) and len(seconds) >= 1 and all(map(_positive, seconds))
+            and isinstance(exact, int) and not isinstance(exact, bool) and exact >= 1
+            and (kv is None or (isinstance(kv, int) and not isinstance(kv, bool) and kv >= 1)))
+
+
+def valid_draft_entry(entry) -> bool:
+    return isinstance(entry, dict) and _positive(entry.get("token_seconds"))
+
+
+def bad_entries(cache: dict) -> list[str]:
+    """Keys of cached entries with the wrong shape (ignored and measured again)."""
+    return [k for k, v in cache.items() if not (valid_draft_entry(v) if k.endswith("|draft") else valid_target_entry(v))]
+
+
+def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False) -> Costs:
+    """The costs of this target (and draft), from the cache or measured now."""
+    cache = load_cache()
+    tkey = _key(target)
+    entry = None if refresh else cache.get(tkey)
+    if not valid_target_entry(entry):  # absent, or damaged by hand or by another version: measure again
+        seconds, exact, exact_kv = measure_target(target)
+        entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "machine": machine()["summary"]}
+        cache[tkey] = entry
+    draft_seconds = None
+    if draft is not None:
+        dkey = _key(draft) + "|draft"
+        d = None if refresh else cache.get(dkey)
+        if not valid_draft_entry(d):
+            d = {"token_seconds": measure_draft_step(draft), "machine": machine()["summary"]}
+            cache[dkey] = d
+        draft_seconds = d["token_seconds"]
+    _save_cache(cache)
+    return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"))

@@ -1,0 +1,275 @@
+"""GPU layer offload: how many layers of the target and of the draft go to the GPU.
+
+The planner is pure arithmetic over sizes read from the GGUF files (or, for a model not yet on
+this machine, estimated from its registry entry): each repeating layer's weights, the output
+layer, the token embeddings (which llama.cpp keeps on the CPU), the KV cache for the chosen
+context (layers x context x kv heads x head size x 2 for K and V x bytes per element) and a
+compute-buffer allowance. With a VRAM budget it places the draft first (a draft left on the CPU
+usually costs more than it saves), then as many target layers as fit, then checks that what
+stays on the CPU fits in RAM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+
+from ..errors import GGUFSpecError
+
+GiB = 1 << 30
+MiB = 1 << 20
+KV_BYTES = 2  # f16 K and V cache, llama.cpp's default
+
+# Bits per weight of the bulk of a file, by quantisation (llama.cpp's quantize table).
+BITS_PER_WEIGHT = {"Q2_K": 2.96, "Q3_K_S": 3.5, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "Q4_0": 4.5, "Q4_K_S": 4.58,
+                   "Q4_K_M": 4.89, "Q5_K_S": 5.54, "Q5_K_M": 5.7, "Q6_K": 6.56, "Q8_0": 8.5, "F16": 16.0, "BF16": 16.0,
+                   "F32": 32.0}
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What the planner needs to know about one model, in bytes."""
+
+    name: str
+    n_layers: int
+    layer_bytes: tuple[int, ...]  # weights of each repeating layer
+    output_bytes: int  # output matrix + final norm: offloaded as llama.cpp's "layer n_layers + 1"
+    embed_bytes: int  # token embeddings: stay on the CPU
+    n_embd: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    estimated: bool = False  # True when sizes come from the registry, not a GGUF header
+
+    def kv_bytes_per_layer(self, n_ctx: int) -> int:
+        return 2 * n_ctx * self.n_head_kv * self.head_dim * KV_BYTES
+
+    def compute_bytes(self, n_ubatch: int = 512) -> int:
+        """Allowance for llama.cpp's compute buffer on the GPU: logits, activations, slack."""
+        return n_ubatch * (self.n_vocab + 16 * self.n_embd) * 4 + 128 * MiB
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.output_bytes + self.embed_bytes
+
+
+def sizes_from_info(info) -> ModelSizes:
+    """From a GGUFInfo (gguf_info.read_info): per-layer tensor bytes grouped by blk.N."""
+    layers = [0] * info.n_layers
+    output = embed = 0
+    for t in info.tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        if m and int(m.group(1)) < info.n_layers:
+            layers[int(m.group(1))] += t.n_bytes
+        elif t.name.startswith("token_embd"):
+            embed += t.n_bytes
+        else:
+            output += t.n_bytes
+    if output == 0:  # tied embeddings: the output layer reuses token_embd, which then goes to the GPU too
+        output = embed
+    return ModelSizes(info.name, info.n_layers, tuple(layers), output, embed, info.n_embd, info.n_head_kv,
+                      info.head_dim_k, info.n_vocab)
+
+
+def sizes_from_spec(spec) -> ModelSizes:
+    """Estimate from a registry entry (size, shape, quant) for a file that is not on this machine."""
+    shape = spec.shape or {}
+    need = ("n_embd", "n_head_kv", "head_dim", "n_vocab")
+    if not spec.n_layers or not spec.size or not all(k in shape for k in need):
+        raise GGUFSpecError(f"{spec.name}: not on this machine and its registry entry lacks size/shape to plan from; "
+                            f"download it first (`ggufspec models pull {spec.name}`)")
+    bpw = BITS_PER_WEIGHT.get(spec.quant.upper(), 4.89)
+    embed = int(shape["n_vocab"] * shape["n_embd"] * bpw / 8)
+    output = int(shape["n_vocab"] * shape["n_embd"] * max(bpw, BITS_PER_WEIGHT["Q6_K"]) / 8)  # K-quants keep output at Q6_K
+    per_layer = max(0, (spec.size - embed - output) // spec.n_layers)
+    return ModelSizes(spec.name, spec.n_layers, (per_layer,) * spec.n_layers, output, embed, shape["n_embd"],
+                      shape["n_head_kv"], shape["head_dim"], shape["n_vocab"], estimated=True)
+
+
+@dataclass
+class Placement:
+    name: str
+    role: str
+    n_gpu_layers: int  # what llama.cpp gets: 0..n_layers + 1 (the +1 is the output layer)
+    n_layers: int
+    gpu_bytes: int
+    cpu_bytes: int
+    kv_bytes: int
+    estimated: bool
+
+    @property
+    def flag(self) -> str:
+        return "all" if self.n_gpu_layers > self.n_layers else str(self.n_gpu_layers)
+
+    @property
+    def layers_on_gpu(self) -> str:
+        """Repeating layers on the GPU out of all, as people count them (45/80)."""
+        return f"{max(0, min(self.n_gpu_layers, self.n_layers + 1) - 1)}/{self.n_layers}" + (" + output" if self.n_gpu_layers else "")
+
+
+@dataclass
+class Plan:
+    vram_bytes: int
+    ram_bytes: int
+    n_ctx: int
+    target: Placement
+    draft: Placement | None
+    split: dict | None = None  # target layers per device (device name -> count), as llama.cpp splits them
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.target.gpu_bytes + (self.draft.gpu_bytes if self.draft else 0)
+
+    @property
+    def cpu_bytes(self) -> int:
+        return self.target.cpu_bytes + (self.draft.cpu_bytes if self.draft else 0)
+
+    def flags(self) -> str:
+        out = f"-ngl {self.target.flag} -c {self.n_ctx}"
+        if self.draft:
+            out += f" -ngld {self.draft.flag}"
+        return out
+
+    def to_dict(self) -> dict:
+        return {"vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes, "n_ctx": self.n_ctx, "flags": self.flags(),
+                "gpu_bytes": self.gpu_bytes, "cpu_bytes": self.cpu_bytes, "split": self.split,
+                "models": [asdict(p) | {"flag": p.flag} for p in (self.target, self.draft) if p]}
+
+
+def _place(m: ModelSizes, role: str, budget: int, n_ctx: int) -> Placement:
+    """As many of m's layers as fit in `budget`, in llama.cpp's order.
+
+    llama.cpp offloads from the top: n_gpu_layers = n puts the output layer and the last n - 1
+    repeating layers on the GPU (i_gpu_start = n_layer + 1 - n). Token embeddings stay on the CPU.
+    """
+    kv_layer = m.kv_bytes_per_layer(n_ctx)
+    compute = m.compute_bytes()
+    used, n = 0, 0
+    if budget >= compute + m.output_bytes:
+        used, n = compute + m.output_bytes, 1
+        for i in reversed(range(m.n_layers)):
+            if used + m.layer_bytes[i] + kv_layer > budget:
+                break
+            used += m.layer_bytes[i] + kv_layer
+            n += 1
+    repeating = max(0, n - 1)
+    gpu_weights = (m.output_bytes if n else 0) + sum(m.layer_bytes[m.n_layers - repeating:])
+    cpu = m.file_bytes - gpu_weights + kv_layer * (m.n_layers - repeating) + (compute if n == 0 else 0)
+    return Placement(m.name, role, n, m.n_layers, used, cpu, kv_layer * m.n_layers, m.estimated)
+
+
+def split_layers(n_gpu_layers: int, n_layers: int, free_by_device: dict[str, int]) -> dict[str, int]:
+    """How llama.cpp spreads n_gpu_layers (output layer included) over devices by default: in
+    proportion to their free memory, in order (llama-model.cpp, load_tensors: splits)."""
+    names = list(free_by_device)
+    if not names or n_gpu_layers <= 0:
+        return {}
+    total = sum(free_by_device.values()) or len(names)
+    cumulative, running = [], 0.0
+    for name in names:
+        running += (free_by_device[name] or total / len(names)) / total
+        cumulative.append(running)
+    count = dict.fromkeys(names, 0)
+    n = min(n_gpu_layers, n_layers + 1)
+    for j in range(n):  # j-th offloaded layer from the bottom (the last one is the output layer)
+        i = next((k for k, c in enumerate(cumulative) if c > j / n), len(names) - 1)
+        count[names[i]] += 1
+    return count
+
+
+def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_bytes: int | None, n_ctx: int,
+         draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None) -> Plan:
+    """Draft first, fully if it fits; then target layers; refuse if the CPU side exceeds RAM.
+
+    draft_vram_bytes: the draft's own budget where it goes to other devices than the target (a
+    target on RPC servers, a draft on this machine); devices: the target's devices and their free
+    memory, to show the split across them."""
+    if n_ctx < 1:
+        raise GGUFSpecError(f"-c must be positive (got {n_ctx})")
+    d = None
+    budget = max(0, vram_bytes)
+    if draft is not None:
+        d = _place(draft, "draft", budget if draft_vram_bytes is None else max(0, draft_vram_bytes), n_ctx)
+        budget -= d.gpu_bytes if draft_vram_bytes is None else 0
+    t = _place(target, "target", budget, n_ctx)
+    p = Plan(vram_bytes, ram_bytes, n_ctx, t, d, split_layers(t.n_gpu_layers, t.n_layers, devices) if devices else None)
+    if ram_bytes is not None and p.cpu_bytes > ram_bytes:
+        raise GGUFSpecError(
+            f"this plan needs {p.cpu_bytes / GiB:.1f} GiB of RAM beside {p.gpu_bytes / GiB:.1f} GiB of VRAM, but the machine "
+            f"has {ram_bytes / GiB:.1f} GiB: {(p.cpu_bytes - ram_bytes) / GiB:.1f} GiB missing; use a smaller quantisation, "
+            "a smaller -c, or more VRAM"
+        )
+    return p
+
+
+def parse_size(text: str, flag: str = "--vram") -> int:
+    """'24GiB', '24G', '8192MiB', '0' -> bytes (G and GB read as GiB, as GPU makers' sizes are)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise GGUFSpecError(f"{flag} {text!r} is not a size; write e.g. 24GiB, 8192MiB{' or 0' if flag == '--vram' else ''}")
+    unit = {"": 1, "K": 1 << 10, "M": MiB, "G": GiB, "T": 1 << 40}[m.group(2).upper()]
+    return int(float(m.group(1)) * unit)
+
+
+def detect_vram() -> int:
+    """Free VRAM of the first GPU when llama.cpp was built with GPU support and nvidia-smi answers; else 0."""
+    from ..llama.backend import supports_gpu_offload
+
+    if not supports_gpu_offload() or not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return int(out[0]) * MiB if out else 0
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
+def total_ram() -> int:
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def sizes_for(path_or_spec) -> ModelSizes:
+    from ..llama.gguf_info import read_info
+
+    if isinstance(path_or_spec, (str, os.PathLike)):
+        return sizes_from_info(read_info(path_or_spec))
+    return sizes_from_spec(path_or_spec)
+
+
+def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | None = None,
+                   draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None) -> tuple[int, int]:
+    """Turn N / 'all' / 'auto' into the n_gpu_layers llama.cpp gets, for target and draft.
+
+    With the target's devices known (devices: name -> free bytes, e.g. RPC servers), a layer count
+    they cannot hold is refused in one line instead of failing inside llama.cpp."""
+    def one(value, sizes_plan):
+        if value == "all":
+            return -1  # llama.cpp: negative means every layer
+        if value == "auto":
+            return sizes_plan
+        return int(value)
+
+    if devices and vram_bytes is None:
+        vram_bytes = sum(devices.values())
+    if devices and ngl not in ("auto", 0, None):
+        t = sizes_for(target)
+        fits = _place(t, "target", vram_bytes, n_ctx).n_gpu_layers
+        wanted = t.n_layers + 1 if ngl == "all" else min(int(ngl), t.n_layers + 1)
+        if wanted > fits:
+            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {vram_bytes / GiB:.1f} GiB free, "
+                                f"room for {fits} of its {t.n_layers + 1} layers; use -ngl {fits} or -ngl auto, or add a server")
+    if "auto" not in (ngl, ngld):
+        return one(ngl, 0), one(ngld, 0)
+    vram = detect_vram() if vram_bytes is None else vram_bytes  # only a plan needs it (nvidia-smi is slow)
+    dvram = vram if draft_vram_bytes is None else draft_vram_bytes
+    if vram <= 0 and dvram <= 0:
+        return one(ngl, 0), one(ngld, 0)  # nothing to plan: everything stays on the CPU
+    p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=None, n_ctx=n_ctx,
+             draft_vram_bytes=draft_vram_bytes)
+    return one(ngl, p.target.n_gpu_layers), one(ngld, p.draft.n_gpu_layers if p.draft else 0)

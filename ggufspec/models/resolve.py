@@ -1,0 +1,209 @@
+"""From what the user typed (a pair name, model names, or paths) to GGUF files on disk, and to a
+loaded `Engine`: the one place that resolves names, plans offload and opens models."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import DEFAULT_MODE
+from ..errors import GGUFSpecError
+from .hub import ensure_model, local_path
+from ..paths import models_dir
+from .registry import PairSpec, Registry, load_registry
+
+
+@dataclass
+class LoadOptions:
+    """Which models to load and how (the CLI's shared model flags)."""
+
+    pair: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    n_gpu_layers: int | str | None = None  # N, "all", "auto"; None: the pair's default, else auto
+    draft_n_gpu_layers: int | str | None = None
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    registry: str | None = None
+    offline: bool = False
+    verbose: bool = False
+    remeasure: bool = False
+    use_default: bool = False  # no pair and no -m: the registry's default pair
+    rpc: str | None = None  # llama.cpp RPC servers, "host:port[,host:port]": the target's layers go there
+    devices: str | None = None  # llama.cpp's -dev for the target ("RPC0,CUDA0"; "none": the CPU alone)
+    draft_devices: str | None = None  # and -devd for the draft
+
+
+def looks_like_path(text: str) -> bool:
+    return text.endswith(".gguf") or "/" in text or os.path.lexists(text)
+
+
+def resolve_model(name_or_path: str, registry: Registry, *, offline: bool = False) -> Path:
+    """A path is taken as it is (checked when loaded); a registry name is found or downloaded."""
+    if looks_like_path(name_or_path):
+        path = Path(name_or_path)
+        if os.path.lexists(path):
+            try:
+                path.stat()
+            except OSError as e:  # a symlink loop, a dangling link, a directory we may not enter
+                raise GGUFSpecError(f"{path}: cannot resolve this path ({e.strerror}); check the link or give the file itself") from None
+        return path
+    return ensure_model(registry.model(name_or_path), offline=offline)
+
+
+def pair_names(pair: str | None, target: str | None, draft: str | None, reg: Registry, *,
+               use_default: bool = False) -> tuple[str, str | None, PairSpec | None]:
+    """(target name or path, draft name or path or None, the pair's spec if a pair was named)."""
+    if pair is not None and target is not None:
+        raise GGUFSpecError("give a pair name or -m TARGET, not both")
+    if pair is None and target is None:
+        if not use_default or not reg.default_pair:
+            raise GGUFSpecError("name a pair (see `ggufspec models list`) or give -m TARGET (and -md DRAFT)")
+        pair = reg.default_pair
+    if pair is not None and looks_like_path(pair):
+        return pair, draft, None
+    if pair is not None:
+        spec = reg.pair(pair)
+        return spec.target, draft or spec.draft, spec
+    return target, draft, None
+
+
+def resolve_models(pair: str | None, target: str | None, draft: str | None, *, registry=None, offline: bool = False,
+                   use_default: bool = False) -> tuple[Path, Path | None, dict]:
+    """Return (target path, draft path or None, the pair's defaults: settings and offload)."""
+    reg = load_registry(registry)
+    target, draft, spec = pair_names(pair, target, draft, reg, use_default=use_default)
+    defaults = pair_defaults(spec) if spec else {}
+    return resolve_model(target, reg, offline=offline), resolve_model(draft, reg, offline=offline) if draft else None, defaults
+
+
+def merge_pair_settings(pair: dict, given: dict, *, bench: bool = False) -> tuple[dict, int | None]:
+    """The one rule for a pair's settings (models.toml [pairs.NAME.settings]) under the user's: the user's
+    win. Returns (the run's settings, the pair's draft length). The pair's draft_max is draft mode's length:
+    a run in auto drafts as far as the measured costs say pays, so there it is left out, and the benchmark
+    gives it to its draft rows. bench: every row names its own mode and draft length, so the pair's mode
+    and draft_max are left out of the settings."""
+    pair = dict(pair)
+    draft_length = pair.pop("draft_max", None)
+    if bench:
+        pair.pop("mode", None)
+    merged = {**pair, **given}
+    if not bench and draft_length is not None and "draft_max" not in merged and merged.get("mode", DEFAULT_MODE) != "auto":
+        merged["draft_max"] = draft_length
+    return merged, draft_length
+
+
+def pair_defaults(spec: PairSpec) -> dict:
+    out = {"settings": dict(spec.settings), "name": spec.name}
+    if spec.n_gpu_layers is not None:
+        out["n_gpu_layers"] = spec.n_gpu_layers
+    if spec.draft_n_gpu_layers is not None:
+        out["draft_n_gpu_layers"] = spec.draft_n_gpu_layers
+    return out
+
+
+def open_engine(o: LoadOptions):
+    """Resolve names, plan offload, load the models: (Engine, the pair's defaults)."""
+    from ..engine import Engine
+    from .offload import resolve_layers
+    from ..llama.rpc import budgets, devices_for
+
+    target, draft, defaults = resolve_models(o.pair, o.target, o.draft, registry=o.registry, offline=o.offline,
+                                             use_default=o.use_default)
+    target_devices, draft_devices = devices_for(o.rpc, o.devices, o.draft_devices)
+    # The planner's budgets: the free memory of the devices each model may use (none named: any GPU found).
+    planned = {}
+    if target_devices is not None:
+        free, draft_free = budgets(target_devices, draft_devices)
+        planned = {"devices": free, "draft_vram_bytes": draft_free if draft else None}
+
+    def layers(key):
+        value = getattr(o, key)
+        if isinstance(value, list):
+            raise GGUFSpecError("a comma list of layer counts is a sweep: use it with `ggufspec bench`")
+        return value if value is not None else defaults.get(key, "auto")
+
+    ngl, ngld = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx,
+                               **planned)
+    engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
+                    draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
+                    draft_devices=draft_devices)
+    return engine, defaults
+
+
+def plan_offload(pair: str | None, target: str | None, draft: str | None, *, registry=None, vram_bytes: int | None,
+                 ram_bytes: int, n_ctx: int, rpc: str | None = None):
+    """The offload plan for a pair or models, from their GGUF files or, not downloaded, their registry
+    entries. With RPC servers: the target over their devices (split as llama.cpp splits it), the draft
+    on this machine's own GPUs."""
+    from .offload import detect_vram, plan, sizes_for
+    from ..llama.rpc import budgets, devices_for
+
+    devices = draft_vram = None
+    if rpc:
+        devices, draft_vram = budgets(*devices_for(rpc))
+    if vram_bytes is None:
+        vram_bytes = sum(devices.values()) if devices else detect_vram()
+    reg = load_registry(registry)
+    target, draft, _ = pair_names(pair, target, draft, reg)
+
+    def sizes(name):
+        if looks_like_path(name):
+            return sizes_for(name)
+        spec = reg.model(name)
+        return sizes_for(local_path(spec) or spec)
+
+    return plan(sizes(target), sizes(draft) if draft else None, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx,
+                draft_vram_bytes=draft_vram, devices=devices)
+
+
+def status(registry: Registry) -> dict:
+    """Where each registry model is on this machine (None if not here), for `models list`."""
+    return {name: local_path(spec) for name, spec in registry.models.items()}
+
+
+def listing(registry=None) -> dict:
+    """Pairs and models of the registry, and which are on this machine (`ggufspec models list`)."""
+    reg = load_registry(registry)
+    where = status(reg)
+    models = [{"name": n, "repo": s.repo, "file": s.file, "quant": s.quant, "n_layers": s.n_layers,
+               "n_params_b": s.n_params, "path": str(where[n]) if where[n] else None,
+               "size_bytes": where[n].stat().st_size if where[n] else None, "mirror": s.mirror is not None}
+              for n, s in reg.models.items()]
+    pairs = [{"name": n, "default": n == reg.default_pair, "target": p.target, "draft": p.draft,
+              "ready": bool(where.get(p.target) and where.get(p.draft)), "draft_max": p.settings.get("draft_max"),
+              "note": p.note} for n, p in reg.pairs.items()]
+    return {"pairs": pairs, "models": models, "models_dir": str(models_dir()), "registries": list(reg.sources)}
+
+
+def pull(name: str, *, mirror: str | None = None, registry=None, offline: bool = False, log=print) -> list[tuple[str, Path]]:
+    """Download a pair's models or one model (Hub, or the offline mirror): [(name, path)]."""
+    from .mirror import fetch
+
+    reg = load_registry(registry)
+    out = []
+    for spec in reg.models_of(name):
+        path = fetch(spec, models_dir(), registry=reg, log=log) if mirror else ensure_model(spec, offline=offline)
+        out.append((spec.name, path))
+    return out
+
+
+def info(model: str, registry=None) -> dict:
+    """What a GGUF file says about itself (a path, or a registry name already downloaded)."""
+    from ..llama.gguf_info import read_info
+
+    return read_info(resolve_model(model, load_registry(registry), offline=True)).to_dict()
+
+
+def check_pair(target: str, draft: str, registry=None) -> str:
+    """One sentence saying the draft can serve the target; GGUFSpecError saying why not."""
+    from ..llama.backend import Model
+    from ..llama.compat import check_compatible
+
+    reg = load_registry(registry)
+    with Model(resolve_model(target, reg, offline=True), role="target", vocab_only=True) as t, \
+            Model(resolve_model(draft, reg, offline=True), role="draft", vocab_only=True) as d:
+        check_compatible(t, d)
+        return f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)"
