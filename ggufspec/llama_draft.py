@@ -79,7 +79,9 @@ class GGUFDraftModel(LlamaDraftModel):
         self.verification = Verification()
         self.lookup = LookupDrafter()  # its index follows the Llama's history (reset in _start)
         self.model_drafter = ModelDrafter(self.ctx) if self.model is not None else None
-        self.drafter = None  # built at attach, when the Llama's costs are known
+        # auto is built at attach, when the Llama's costs are known; until then it drafts by lookup
+        self.drafter = self.lookup if mode == "auto" else make_drafter(mode, self.verification, None,
+                                                                      model=self.model_drafter, lookup=self.lookup)[0]
         self._attached = None  # the Llama this drafter serves
         self._rng = np.random.default_rng(0)
         self._history: list[int] = []

@@ -47,8 +47,9 @@ def install(mode: str = "auto") -> None:
     GGUFDraftModel instead of its prompt lookup (its setting still sizes Llama's logits for drafting).
     The draft is built first, so a draft that cannot serve the target is one line before the target
     loads; the server holds one model at a time, and a model's draft is closed when it is replaced."""
-    from llama_cpp.server import model as server_model
+    from .llama.runtime import server_modules
 
+    server_model, _ = server_modules()
     proxy = server_model.LlamaProxy
     original = proxy.__dict__["load_llama_from_model_settings"].__func__
     if getattr(original, "ggufspec", False):
@@ -89,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not any(a == "--host" or a.startswith("--host=") for a in rest):
         rest += ["--host", "127.0.0.1"]  # never a public address unless asked
+    from .llama.runtime import server_modules
+
     try:
-        import llama_cpp.server.__main__ as server_main
+        _, server_main = server_modules()
     except ImportError as e:
         print(f"ggufspec.llama_server: llama-cpp-python's server is not installed ({e.name} missing); "
               "run: pip install 'llama-cpp-python[server]'", file=sys.stderr)

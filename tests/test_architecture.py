@@ -1,7 +1,9 @@
-"""The seams: a CLI that only wires, the loop as a generator, one drafter interface, fresh
+"""The house and its seams: imports that point down the layers, each heavy dependency in one place, a
+pure tier that runs without llama.cpp, small modules; a CLI that only wires, the loop as a generator, one drafter interface, fresh
 stream values, the benchmark's progress and table width, and the one registry file."""
 
 import ast
+import os
 import subprocess
 import sys
 import zipfile
@@ -25,13 +27,101 @@ from ggufspec.sampling import SamplingParams
 ROOT = Path(__file__).parent.parent
 
 
+PACKAGE = ROOT / "ggufspec"
+# The layers, bottom up: an import may point at its own layer or one below, never above.
+CORE = {"errors", "paths", "core", "sampling", "costs", "text", "verification", "drafters", "auto", "speculative",
+        "generation"}  # the decoding core: numpy only
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[0]
+    if top in CORE:
+        return 0
+    return {"llama": 1, "engine": 2, "models": 3, "bench": 4, "llama_draft": 4}.get(top, 5)  # cli, llama_server, ...
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, anywhere in it (functions too): ggufspec's as dotted names under the
+    package ("llama.backend"), others as given ("llama_cpp.server")."""
+    module = path.relative_to(PACKAGE).with_suffix("").parts
+    package = list(module[:-1]) if module[-1] != "__init__" else list(module[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            names = [".".join(base + [node.module])] if node.module else [".".join(base + [a.name]) for a in node.names]
+            found |= {"ggufspec:" + n for n in names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"), path
+
+
+def test_every_import_points_down_the_layers():
+    """core <- llama <- engine <- models <- bench, llama_draft <- cli, llama_server: nothing imports upwards."""
+    upward = []
+    for name, path in modules():
+        for target in imports(path):
+            inner = target.removeprefix("ggufspec:").removeprefix("ggufspec.")
+            if target.startswith(("ggufspec:", "ggufspec.")) and inner and layer(inner) > layer(name):
+                upward.append(f"{name} -> {inner}")
+    assert not upward, upward
+    assert layer("llama.backend") == 1 and layer("cli.main") == 5  # the table knows the packages
+
+
+@pytest.mark.parametrize("dependency, owners", [
+    ("llama_cpp", "llama."), ("gguf", "llama.gguf_info"), ("huggingface_hub", "models.hub"),
+    ("tabulate", "bench.report"), ("click", "cli."),
+])
+def test_each_heavy_dependency_is_imported_in_one_place(dependency, owners):
+    users = {name for name, path in modules()
+             if any(t == dependency or t.startswith(dependency + ".") for t in imports(path))}
+    assert users and all(u == owners or u.startswith(owners) for u in users), users
+
+
+def test_the_pure_tier_runs_with_llama_cpp_absent(tmp_path):
+    """tests/pure (the decoding core on a numpy fake target, the math, text, registry downloads) needs no
+    llama.cpp: it runs, and passes, with every import of llama_cpp refused."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoLlama:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'llama_cpp':\n"
+        "            raise ImportError('llama_cpp is absent here')\n"
+        "sys.meta_path.insert(0, NoLlama())\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "pure")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert " passed" in proc.stdout.splitlines()[-1]
+    probe = subprocess.run([sys.executable, "-c", "import llama_cpp"], capture_output=True, text=True, env=env)
+    assert "llama_cpp is absent here" in probe.stderr  # the block held
+
+
+def test_modules_and_functions_stay_small_enough_to_read():
+    long_modules, long_functions = [], []
+    for name, path in modules():
+        source = path.read_text()
+        if len(source.splitlines()) > 400:
+            long_modules.append(name)
+        long_functions += [f"{name}.{node.name}" for node in ast.walk(ast.parse(source))
+                           if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and node.end_lineno - node.lineno + 1 > 60]
+    assert not long_modules and not long_functions, (long_modules, long_functions)
+
+
 def test_the_cli_imports_no_engine_internals():
-    tree = ast.parse((ROOT / "ggufspec" / "cli.py").read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level and node.module}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level and not node.module
-                 for alias in node.names}
-    assert imported, "the parse found no relative imports at all"
-    assert not imported & {"backend", "compat", "drafters", "auto", "hub", "speculative", "costs"}, imported
+    forbidden = {"llama.backend", "llama.compat", "drafters", "auto", "models.hub", "speculative", "costs"}
+    for command in ("main", "machine", "models"):
+        found = {t.removeprefix("ggufspec:") for t in imports(PACKAGE / "cli" / f"{command}.py") if t.startswith("ggufspec:")}
+        assert found, f"the parse found no relative imports in cli/{command}.py"
+        assert not found & forbidden, (command, found & forbidden)
 
 
 def test_every_drafter_is_a_drafter():
@@ -50,7 +140,7 @@ class Recorder(Drafter):
         self.tokens, self.seen = tokens, []
 
     def propose(self, history, draft_max, params, rng):
-        return Draft(self.tokens[:draft_max], source=self.name, agreement=len(history))
+        return Draft(tokens=self.tokens[:draft_max], source=self.name, agreement=len(history))
 
     def observe(self, round_):
         self.seen.append((round_.draft.agreement, round_.draft.source, round_.source))

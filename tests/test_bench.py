@@ -1,5 +1,14 @@
 """ggufspec bench through the CLI on tiny models: rows, formats, identity, prompt files."""
 
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clirun import TIMEOUT, one_line, run, stderr_lines
 import csv
 import io
 import json
@@ -189,3 +198,73 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     assert len(no_depth.stderr.strip().splitlines()) == 1 and "Traceback" not in no_depth.output
     missing = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--compare-llama-cpp", tmp_path)
     assert missing.exit_code == 1 and "llama-bench not found" in missing.stderr
+
+
+@pytest.mark.parametrize("suite", ["", ",", " , "])
+def test_bench_with_no_suite(tiny, suite):
+    one_line(run("bench", "-m", tiny["target"], "--suite", suite), "--suite names no suite")
+
+
+def test_bench_prompts_with_messages_of_the_wrong_shape(tiny, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"messages": [1, 2]}\n')
+    one_line(run("bench", "-m", tiny["target"], "--prompts", f), "p.jsonl, line 1", "messages[0]")
+
+
+def test_bench_one_token_is_refused(tiny):
+    one_line(run("bench", "-m", tiny["target"], "-n", 1), "-n must be at least 2")
+
+
+def test_bench_plot_without_matplotlib_is_refused_before_running(tiny, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    start = time.monotonic()
+    one_line(run("bench", "-m", tiny["target"], "--plot", tmp_path / "x.png"), "matplotlib")
+    assert time.monotonic() - start < 5  # nothing was loaded or run
+
+
+def test_bench_save_outputs_where_nothing_can_be_written(tiny, tmp_path):
+    (tmp_path / "file").write_text("x")
+    one_line(run("bench", "-m", tiny["target"], "-n", 4, "--save-outputs", tmp_path / "file" / "out"),
+             "--save-outputs", "cannot write there")
+
+
+def test_bench_save_outputs_on_a_full_disk_keeps_the_table(tiny, tmp_path, monkeypatch):
+    from ggufspec.bench import benchmark as bench
+
+    real = Path.write_text
+
+    def full(self, data, *a, **kw):
+        if self.suffix == ".tmp":
+            real(self, data[:10], *a, **kw)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "out"
+    r = run("bench", "-m", tiny["target"], "-n", 4, "--modes", "target,lookup", "--suite", "code", "--limit", 1,
+            "--save-outputs", out)
+    assert r.exit_code == 1
+    assert "target" in r.stdout and "lookup" in r.stdout  # the table is there
+    assert "No space left on device" in stderr_lines(r.stderr)[-1]
+    assert list(out.iterdir()) == []  # no empty or partial file
+    assert bench  # (imported for the module under test)
+
+
+def test_sigterm_during_bench_keeps_the_finished_rows(tiny):
+    proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "bench", "-m", str(tiny["target"]), "--modes",
+                             "target,lookup", "-n", "16", "--repeats", "2000", "--suite", "code", "--limit", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
+    seen, deadline = b"", time.monotonic() + TIMEOUT
+    while b"bench 6/" not in seen and time.monotonic() < deadline:  # the progress line: counted runs finished
+        chunk = os.read(proc.stderr.fileno(), 256)
+        if not chunk:
+            break
+        seen += chunk
+    assert b"bench 6/" in seen, seen.decode()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    err = (seen + err).decode()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "terminated: showing the finished runs" in err
+    out = out.decode()
+    assert "target" in out and "lookup" in out and "tok/s" in out

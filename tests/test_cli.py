@@ -1,25 +1,13 @@
 """The CLI through CliRunner: output formats, and one clear line for every bad input."""
 
+import os
+
+from clirun import one_line, run
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from ggufspec.cli.main import cli
 from ggufspec.costs import MAX_BATCH
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def assert_one_line_error(result, *needles):
-    assert result.exit_code != 0, result.output
-    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_generate_json_is_one_object(tiny):
@@ -54,20 +42,20 @@ def test_prompt_from_file_and_chat(tiny, tmp_path):
 
 
 def test_missing_file(tiny, tmp_path):
-    assert_one_line_error(run("generate", "-m", tmp_path / "nope.gguf", "-p", "x"), "nope.gguf", "no such file")
+    one_line(run("generate", "-m", tmp_path / "nope.gguf", "-p", "x"), "nope.gguf", "no such file")
 
 
 def test_not_a_gguf(tmp_path):
     f = tmp_path / "notes.gguf"
     f.write_text("just text")
-    assert_one_line_error(run("generate", "-m", f, "-p", "x"), "notes.gguf", "not a GGUF")
+    one_line(run("generate", "-m", f, "-p", "x"), "notes.gguf", "not a GGUF")
 
 
 def test_truncated_gguf(tiny, tmp_path):
     f = tmp_path / "cut.gguf"
     data = open(tiny["target"], "rb").read()
     f.write_bytes(data[: len(data) // 2])
-    assert_one_line_error(run("generate", "-m", f, "-p", "x"), "cut.gguf", "truncated")
+    one_line(run("generate", "-m", f, "-p", "x"), "cut.gguf", "truncated")
 
 
 def test_damaged_header(tiny, tmp_path):
@@ -75,22 +63,22 @@ def test_damaged_header(tiny, tmp_path):
     data = bytearray(open(tiny["target"], "rb").read())
     data[24:32] = b"\xff" * 8  # the first key's length: now absurd
     f.write_bytes(bytes(data))
-    assert_one_line_error(run("generate", "-m", f, "-p", "x"), "bad.gguf", "damaged")
+    one_line(run("generate", "-m", f, "-p", "x"), "bad.gguf", "damaged")
 
 
 def test_incompatible_vocabularies(tiny):
-    assert_one_line_error(run("generate", "-m", tiny["target"], "-md", tiny["other_vocab"], "-p", "x"),
+    one_line(run("generate", "-m", tiny["target"], "-md", tiny["other_vocab"], "-p", "x"),
                           "cannot draft", "token")
-    assert_one_line_error(run("generate", "-m", tiny["target"], "-md", tiny["letters"], "-p", "x"),
+    one_line(run("generate", "-m", tiny["target"], "-md", tiny["letters"], "-p", "x"),
                           "vocabulary sizes differ")
 
 
 def test_prompt_longer_than_context(tiny):
-    assert_one_line_error(run("generate", "-m", tiny["target"], "-c", "16", "-p", "x" * 100), "longer than the context")
+    one_line(run("generate", "-m", tiny["target"], "-c", "16", "-p", "x" * 100), "longer than the context")
 
 
 def test_context_fills_mid_generation(tiny):
-    assert_one_line_error(run("generate", "-m", tiny["target"], "-md", tiny["close"], "-c", "32", "-p", "hello",
+    one_line(run("generate", "-m", tiny["target"], "-md", tiny["close"], "-c", "32", "-p", "hello",
                               "-n", "100", "--ignore-eos"), "context filled up")
 
 
@@ -114,16 +102,16 @@ def test_context_fills_mid_generation(tiny):
     (["-ngl", "lots"], "layer count"),
 ])
 def test_out_of_range_settings(tiny, args, needle):
-    assert_one_line_error(run("generate", "-m", tiny["target"], "-p", "hi", *args), needle)
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", *args), needle)
 
 
 def test_prompt_sources_are_exclusive(tiny):
-    assert_one_line_error(run("generate", "-m", tiny["target"], "-p", "a", "--chat", "b"), "exactly one")
-    assert_one_line_error(run("generate", "-m", tiny["target"]), "exactly one")
+    one_line(run("generate", "-m", tiny["target"], "-p", "a", "--chat", "b"), "exactly one")
+    one_line(run("generate", "-m", tiny["target"]), "exactly one")
 
 
 def test_chat_without_template(tiny):
-    assert_one_line_error(run("generate", "-m", tiny["close"], "--chat", "hi"), "no chat template")
+    one_line(run("generate", "-m", tiny["close"], "--chat", "hi"), "no chat template")
 
 
 def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
@@ -144,4 +132,58 @@ def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
 
 
 def test_costs_with_a_missing_model_is_one_line(tmp_path):
-    assert_one_line_error(run("costs", "-m", tmp_path / "nope.gguf"), "nope.gguf", "no such file")
+    one_line(run("costs", "-m", tmp_path / "nope.gguf"), "nope.gguf", "no such file")
+
+
+@pytest.mark.parametrize("threads", [0, 100000, 5000])
+def test_thread_counts_are_bounded(tiny, threads):
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "-n", 4, "-t", threads), "-t/--threads must be between 1 and")
+
+
+def test_a_seed_out_of_range_names_the_range(tiny):
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "-s", 2**63), "between 0 and 2**63-1")
+
+
+def test_an_empty_stop_string_is_refused(tiny):
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "--stop", ""), "--stop", "non-empty")
+
+
+def test_llama_cpps_current_flag_names(tiny):
+    def tokens(*args):
+        r = run("generate", "-m", tiny["target"], "-p", "hello world", "-n", 30, "--ignore-eos", "--json", *args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    ours = tokens("-md", tiny["close"], "--mode", "draft", "--draft-max", 3, "--draft-min", 1)
+    theirs = tokens("--spec-draft-model", tiny["close"], "--spec-type", "draft-simple", "--spec-draft-n-max", 3,
+                    "--spec-draft-n-min", 1)
+    assert theirs["tokens"] == ours["tokens"] and theirs["stats"]["mode"] == "draft"
+    assert tokens("--spec-type", "ngram-simple")["stats"]["mode"] == "lookup"
+    assert tokens("--spec-type", "none")["stats"]["mode"] == "target"
+    assert tokens("-md", tiny["close"], "--spec-type", "draft-simple,ngram-simple")["stats"]["mode"] == "auto"
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "--spec-type", "ngram-mod"), "ngram-mod",
+             "does not have", "--mode lookup")
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "--spec-type", "magic"), "'magic'")
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "--spec-type", "draft-simple", "--mode", "lookup"),
+             "means --mode draft")
+    help_text = run("generate", "--help").output
+    for flag in ("--draft-max", "--spec-draft-n-max", "--spec-type", "--spec-draft-model", "--sampling-rule"):
+        assert flag in help_text
+
+
+def test_a_symlink_loop_names_the_cause(tiny, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loop2", "loop1")
+    os.symlink("loop1", "loop2")
+    one_line(run("generate", "-m", "loop1", "-p", "hi"), "loop1", "symbolic links")
+    os.symlink(tmp_path / "nowhere.gguf", "dangling")
+    one_line(run("generate", "-m", "dangling", "-p", "hi"), "dangling")
+
+
+@pytest.mark.parametrize("port", [70000, -1, 0])
+def test_rpc_server_port_out_of_range(port):
+    one_line(run("rpc-server", "--port", port), "range")
+
+
+def test_rpc_server_threads_out_of_range():
+    one_line(run("rpc-server", "-t", 100000), "-t/--threads")

@@ -8,6 +8,7 @@ import ggufspec.speculative as speculative
 from ggufspec import Engine
 from ggufspec.llama.backend import Context, Model
 from ggufspec.sampling import SamplingParams, probs_from_logits, sample
+from stats import chi2, chi2_critical
 
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "a", "12345 67890", "{[()]}", "zzz zzz zzz zzz", "Once upon a time"]
 
@@ -77,14 +78,15 @@ def test_a_draft_cut_by_p_min_takes_the_unsure_token_only_where_it_verifies_free
         sure.append(max_prob(drafter.ctx.decode(history + full[:k], logits="last")[0]))
     k = next(i for i in range(1, len(full)) if sure[i] < min(sure[:i]))  # the first token less sure than all before
     drafter.reset(history)
-    drafter.p_min = (sure[k] + min(sure[:k])) / 2
+    p_min = (sure[k] + min(sure[:k])) / 2
+    assert drafter.propose(history, 12, greedy, rng, p_min=p_min).tokens == full[:k]
+    drafter.p_min = p_min  # the drafter's own default, where propose is given none
     assert drafter.propose(history, 12, greedy, rng).tokens == full[:k]
     asked = []
-    drafter.one_more_is_free = lambda n: asked.append(n) or True  # a batch of k + 2 costs no more than k + 1
-    assert drafter.propose(history, 12, greedy, rng).tokens == full[:k + 1]  # the unsure token, and no further
+    free = lambda n: asked.append(n) or True  # noqa: E731  (a batch of k + 2 costs no more than k + 1)
+    assert drafter.propose(history, 12, greedy, rng, may_extend=free).tokens == full[:k + 1]  # the unsure token, no further
     assert asked == [k]
-    drafter.one_more_is_free = lambda n: False
-    assert drafter.propose(history, 12, greedy, rng).tokens == full[:k]
+    assert drafter.propose(history, 12, greedy, rng, may_extend=lambda n: False).tokens == full[:k]
 
 
 def test_draft_min_skips_short_drafts(pairs):
@@ -164,21 +166,6 @@ def test_stream_yields_text_incrementally(pairs):
 # --- the second guarantee: sampled output follows the target's distribution ---------------------
 
 
-def _chi2_critical(df: int, z: float = 3.719) -> float:
-    """Upper quantile of chi-square (Wilson-Hilferty); z=3.719 is a 1e-4 tail."""
-    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
-
-
-def _chi2(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
-    n = counts.sum()
-    expected = probs * n
-    big = expected >= 5  # pool the rare cells so the approximation holds
-    obs = np.r_[counts[big], counts[~big].sum()]
-    exp = np.r_[expected[big], expected[~big].sum()]
-    keep = exp > 0
-    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum() - 1)
-
-
 def _joint_two_tokens(ctx: Context, prompt, params) -> np.ndarray:
     """Exact distribution of the 2nd and 3rd sampled tokens (the first ones speculation produces: the
     1st comes from the prompt's own batch), computed from the model's own logits."""
@@ -228,10 +215,10 @@ def test_sampled_speculative_follows_target_distribution(letters_pair, params, r
     p = _joint_two_tokens(e.target_ctx, prompt, params)
     q = _joint_two_tokens(e.draft_ctx, prompt, params)
     counts = _sample_two_tokens(e, prompt, params, 4000, rule=rule)
-    stat_p, df_p = _chi2(counts, p)
-    stat_q, df_q = _chi2(counts, q)
-    assert stat_p < _chi2_critical(df_p), f"speculative samples do not follow p: chi2 {stat_p:.1f} on {df_p} df"
-    assert stat_q > 3 * _chi2_critical(df_q), "the draft is too close to the target for this test to mean anything"
+    stat_p, df_p = chi2(counts, p)
+    stat_q, df_q = chi2(counts, q)
+    assert stat_p < chi2_critical(df_p), f"speculative samples do not follow p: chi2 {stat_p:.1f} on {df_p} df"
+    assert stat_q > 3 * chi2_critical(df_q), "the draft is too close to the target for this test to mean anything"
 
 
 @pytest.mark.slow
@@ -245,8 +232,8 @@ def test_distribution_test_catches_a_wrong_acceptance_rule(letters_pair, monkeyp
     params = SamplingParams(temperature=1.0)
     p = _joint_two_tokens(letters_pair.target_ctx, [1, 5, 6], params)
     counts = _sample_two_tokens(letters_pair, [1, 5, 6], params, 4000)
-    stat, df = _chi2(counts, p)
-    assert stat > _chi2_critical(df)
+    stat, df = chi2(counts, p)
+    assert stat > chi2_critical(df)
 
 
 @pytest.mark.slow
@@ -259,8 +246,8 @@ def test_distribution_test_catches_noise_that_is_not_gumbel(letters_pair, monkey
     params = SamplingParams(temperature=1.0)
     p = _joint_two_tokens(letters_pair.target_ctx, [1, 5, 6], params)
     counts = _sample_two_tokens(letters_pair, [1, 5, 6], params, 4000, rule="coupled")
-    stat, df = _chi2(counts, p)
-    assert stat > _chi2_critical(df)
+    stat, df = chi2(counts, p)
+    assert stat > chi2_critical(df)
 
 
 @pytest.mark.parametrize("rule", ["rejection", "coupled"])
@@ -269,8 +256,8 @@ def test_lookup_drafting_also_keeps_the_distribution(letters_pair, rule):
     prompt = [1, 5, 6, 5, 6, 5]  # repetition gives the n-gram drafter something to propose
     p = _joint_two_tokens(letters_pair.target_ctx, prompt, params)
     counts = _sample_two_tokens(letters_pair, prompt, params, 3000, mode="lookup", rule=rule)
-    stat, df = _chi2(counts, p)
-    assert stat < _chi2_critical(df)
+    stat, df = chi2(counts, p)
+    assert stat < chi2_critical(df)
 
 
 # --- resources ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from llama_cpp import Llama
+from stats import chi2_critical, two_sample_chi2
 
 from ggufspec import GGUFDraftModel, GGUFSpecError
 
@@ -70,23 +71,6 @@ def _first_two(model, n, temperature):
     return counts
 
 
-def _two_sample_chi2(a: dict, b: dict) -> tuple[float, int]:
-    keys = [k for k in set(a) | set(b) if a.get(k, 0) + b.get(k, 0) >= 10]
-    rest = (sum(v for k, v in a.items() if k not in keys), sum(v for k, v in b.items() if k not in keys))
-    rows = [(a.get(k, 0), b.get(k, 0)) for k in keys] + ([rest] if sum(rest) else [])
-    na, nb = sum(r[0] for r in rows), sum(r[1] for r in rows)
-    stat = 0.0
-    for x, y in rows:
-        total = x + y
-        ex, ey = total * na / (na + nb), total * nb / (na + nb)
-        stat += (x - ex) ** 2 / ex + (y - ey) ** 2 / ey
-    return stat, len(rows) - 1
-
-
-def _critical(df: int, z: float = 3.719) -> float:  # upper 1e-4 quantile (Wilson-Hilferty)
-    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
-
-
 def test_sampled_text_follows_llamas_own_distribution(tiny):
     """Llama keeps a drafted token only when it equals its own sample: the first two tokens must be
     distributed as without a draft. Negative control: another temperature is told apart."""
@@ -94,11 +78,11 @@ def test_sampled_text_follows_llamas_own_distribution(tiny):
     spec = llama(tiny["letters"], GGUFDraftModel(tiny["letters_sharp"], mode="draft"))
     n = 1500
     a, b = _first_two(plain, n, 1.0), _first_two(spec, n, 1.0)
-    stat, df = _two_sample_chi2(a, b)
-    assert stat < _critical(df), f"with a draft the samples differ: chi2 {stat:.1f} on {df} df"
+    stat, df = two_sample_chi2(a, b)
+    assert stat < chi2_critical(df), f"with a draft the samples differ: chi2 {stat:.1f} on {df} df"
     hot = _first_two(plain, n, 1.6)
-    stat_hot, df_hot = _two_sample_chi2(a, hot)
-    assert stat_hot > _critical(df_hot), "the test cannot tell temperature 1.0 from 1.6: it has no power"
+    stat_hot, df_hot = two_sample_chi2(a, hot)
+    assert stat_hot > chi2_critical(df_hot), "the test cannot tell temperature 1.0 from 1.6: it has no power"
 
 
 def test_bad_drafts_are_one_error_and_leave_nothing_open(tiny, tmp_path):
@@ -196,3 +180,18 @@ def test_600_greedy_tokens_of_the_real_pair_are_llamas_own():
     assert draft.stats["drafted"] > 500 and draft.acceptance_rate > 0.5  # hundreds of rounds, many rewinds
     assert draft.stats["drafted"] - draft.stats["accepted"] > 100
     draft.close()
+
+
+def test_the_llama_adapter_reads_acceptance_from_how_the_history_went_on():
+    """GGUFDraftModel is never told what Llama accepted: it reads it from the next call's history."""
+    from ggufspec.llama_draft import GGUFDraftModel
+
+    d = GGUFDraftModel(None, mode="lookup", num_pred_tokens=3)
+    d._attached = "a Llama"  # attach() needs a real one; the bookkeeping does not
+    history = [5, 6, 7, 8, 5, 6]
+    assert list(d(np.array(history))) == [7, 8, 5]
+    history += [7, 8, 9]  # Llama kept 7, 8, rejected 5, and sampled 9 instead
+    d(np.array(history))
+    assert (d.stats["drafted"], d.stats["accepted"]) == (3, 2) and d.stats["by_source"] == {"lookup": {"drafted": 3, "accepted": 2}}
+    d([1, 2, 3])  # a new prompt: nothing is counted against the last proposal
+    assert d.stats["drafted"] == 3

@@ -1,6 +1,7 @@
 """llama-cpp-python's own server with a GGUF draft model (`python -m ggufspec.llama_server`), on
 127.0.0.1, tiny models: the same text as Llama alone, drafts really made, bad drafts one line."""
 
+from clirun import TIMEOUT, stderr_lines
 import json
 import os
 import signal
@@ -11,15 +12,10 @@ import time
 import urllib.request
 
 import pytest
+from clirun import free_port
 from llama_cpp import Llama
 
 pytest.importorskip("fastapi", reason="llama-cpp-python's server extras: pip install 'llama-cpp-python[server]'")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(*args):
@@ -102,3 +98,17 @@ def test_without_the_servers_extras_it_is_one_line(monkeypatch, capsys):
     assert llama_server.main(["--model", "m.gguf"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'llama-cpp-python[server]'" in err[0]
+
+
+def test_llama_server_without_a_model_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "ggufspec.llama_server"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 2 and len(stderr_lines(r.stderr)) == 1 and "--model" in r.stderr, r.stderr
+
+
+def test_llama_server_with_an_incompatible_draft_is_one_line_before_the_target_loads(tiny):
+    pytest.importorskip("fastapi")
+    r = subprocess.run([sys.executable, "-m", "ggufspec.llama_server", "--model", str(tiny["target"]), "--draft_model",
+                        str(tiny["other_vocab"]), "--port", "1"], capture_output=True, text=True, timeout=TIMEOUT)
+    lines = stderr_lines(r.stderr)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert len(lines) <= 2 and "cannot draft for" in lines[-1], r.stderr

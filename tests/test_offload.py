@@ -1,5 +1,8 @@
 """The offload planner: pure arithmetic on GGUF metadata and budgets; and -ngl reaching llama.cpp."""
 
+import numpy as np
+
+from clirun import one_line, run
 import json
 
 import pytest
@@ -143,3 +146,9 @@ def test_tune_script_runs_and_writes_the_pair_defaults(tiny, tmp_path):
                           "--write"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     assert new.exists() and "saved as the defaults of pair td" in out.stdout
+
+
+def test_plan_ram_messages(tiny):
+    one_line(run("plan", "-m", tiny["target"], "--ram", "lots"), "--ram 'lots' is not a size")
+    one_line(run("plan", "-m", tiny["target"], "--ram", "0"), "needs", "RAM")
+    assert np  # numpy imported for the fixtures' sake

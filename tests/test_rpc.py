@@ -15,18 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import free_port
 from click.testing import CliRunner
 
 from ggufspec.llama import backend, rpc
 from ggufspec.cli.main import cli
 
 TIMEOUT = 120  # any one command; faults must end within 30 s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(argv=None, port=None):

@@ -3,7 +3,8 @@
 
 import numpy as np
 import pytest
-from test_engine import _chi2, _chi2_critical, _joint_two_tokens, _sample_two_tokens
+from stats import chi2, chi2_critical
+from test_engine import _joint_two_tokens, _sample_two_tokens
 from tiny import write_tiny_model
 
 from ggufspec import Engine
@@ -73,8 +74,8 @@ def test_padded_pair_keeps_the_targets_distribution(padded, rule):
         prompt = [1, 5, 6]
         p = _joint_two_tokens(e.target_ctx, prompt, params)
         counts = _sample_two_tokens(e, prompt, params, 3000, rule=rule)
-        stat, df = _chi2(counts, p)
-        assert stat < _chi2_critical(df), f"chi2 {stat:.1f} on {df} df"
+        stat, df = chi2(counts, p)
+        assert stat < chi2_critical(df), f"chi2 {stat:.1f} on {df} df"
 
 
 def test_a_draft_that_ignores_the_shared_vocabulary_is_caught(padded, monkeypatch):

@@ -1,6 +1,6 @@
 """Models and contexts: load with n_gpu_layers, decode a batch, logits, KV rewind, vocabulary.
 
-llama.cpp itself is reached through `runtime` (the one importer of llama_cpp) and ggml's devices
+llama.cpp itself is reached through `runtime` (the top-level llama_cpp module) and ggml's devices
 through `devices`; the AMX route is `amx`. Thin wrappers over llama-cpp-python's low-level API. Logits come back as numpy views on
 llama.cpp's own buffer (valid until the next decode on that context), so the hot path copies
 nothing per row. Every handle is freed by `close()` (or `with`), in the right order.

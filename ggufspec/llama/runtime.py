@@ -1,4 +1,5 @@
-"""llama.cpp in this process: the one importer of `llama_cpp`, its backend started once, its log
+"""llama.cpp in this process: the top-level `llama_cpp` module (the llama package is the only one that imports
+llama_cpp; devices and quantize reach its ggml and quantizer too), its backend started once, its log
 routed through ggufspec (shown with --verbose), and model loads that a Ctrl-C can stop.
 
 llama.cpp's log callback and backend are process-wide, so the little state they need lives in one
@@ -138,3 +139,12 @@ def build_features() -> list[str]:
     if supports_rpc():
         features.append("RPC")
     return features
+
+
+def server_modules():
+    """llama-cpp-python's OpenAI-compatible server: (its `model` module, its `__main__`). ImportError where its
+    extras are not installed (pip install 'llama-cpp-python[server]')."""
+    import llama_cpp.server.__main__ as server_main
+    from llama_cpp.server import model as server_model
+
+    return server_model, server_main

@@ -4,7 +4,7 @@ no llama.cpp, milliseconds a test. What needs llama.cpp itself is tested on tiny
 import numpy as np
 import pytest
 from fake import FakeTarget
-from test_engine import _chi2, _chi2_critical
+from stats import chi2, chi2_critical
 
 from ggufspec.auto import AutoDrafter
 from ggufspec.core import Round, Stats
@@ -144,10 +144,10 @@ def test_sampled_output_follows_the_targets_distribution(params, rule):
     p = _first_two_exact(target, [1, 2], params).ravel()
     q = _first_two_exact(draft_model, [1, 2], params).ravel()
     counts = _sample_three(target, draft_model, params, 4000, rule)
-    stat, df = _chi2(counts, p)
-    assert stat < _chi2_critical(df), f"chi2 {stat:.1f} on {df} df"
-    stat_q, df_q = _chi2(counts, q)
-    assert stat_q > _chi2_critical(df_q), "the test cannot tell p from q: it has no power"
+    stat, df = chi2(counts, p)
+    assert stat < chi2_critical(df), f"chi2 {stat:.1f} on {df} df"
+    stat_q, df_q = chi2(counts, q)
+    assert stat_q > chi2_critical(df_q), "the test cannot tell p from q: it has no power"
 
 
 def test_the_distribution_test_catches_a_wrong_acceptance_rule(monkeypatch):
@@ -158,9 +158,9 @@ def test_the_distribution_test_catches_a_wrong_acceptance_rule(monkeypatch):
     monkeypatch.setattr(speculative, "verify", lambda drafts, q, p, rng: (len(drafts), sample(p[len(drafts)], rng)))
     target, draft_model = _letters()
     params = SamplingParams(temperature=1.0)
-    stat, df = _chi2(_sample_three(target, draft_model, params, 4000, "rejection"),
+    stat, df = chi2(_sample_three(target, draft_model, params, 4000, "rejection"),
                      _first_two_exact(target, [1, 2], params).ravel())
-    assert stat > _chi2_critical(df)
+    assert stat > chi2_critical(df)
 
 
 def test_the_distribution_test_catches_noise_that_is_not_gumbel(monkeypatch):
@@ -168,9 +168,9 @@ def test_the_distribution_test_catches_noise_that_is_not_gumbel(monkeypatch):
     monkeypatch.setattr(PositionNoise, "at", lambda self, t: np.random.default_rng([self.seed, t]).random(self.n_vocab))
     target, draft_model = _letters()
     params = SamplingParams(temperature=1.0)
-    stat, df = _chi2(_sample_three(target, draft_model, params, 4000, "coupled"),
+    stat, df = chi2(_sample_three(target, draft_model, params, 4000, "coupled"),
                      _first_two_exact(target, [1, 2], params).ravel())
-    assert stat > _chi2_critical(df)
+    assert stat > chi2_critical(df)
 
 
 def test_with_a_seed_the_coupled_rule_writes_the_targets_own_text():
@@ -186,7 +186,7 @@ def test_with_a_seed_the_coupled_rule_writes_the_targets_own_text():
 
 def _auto(costs, target, closeness=0.0):
     model = ModelDrafter(target.like(7, closeness))
-    return AutoDrafter(Verification.of(costs), lookup=LookupDrafter(), model=model)
+    return AutoDrafter(Verification.of(costs), costs, lookup=LookupDrafter(), model=model)
 
 
 def test_auto_drafts_with_the_model_where_verification_is_cheap_and_never_where_it_cannot_pay():
@@ -210,7 +210,7 @@ def test_auto_drafts_with_the_model_as_far_as_the_costs_say_and_no_further_than_
     costs = Costs(SAWTOOTH, 9, 0.019)
     longest = {}
     for cap in (8, 4):  # 8: no cap within the measured batches (the Engine's default); 4: --draft-max 4
-        auto = AutoDrafter(Verification.of(costs), lookup=LookupDrafter(), model=ModelDrafter(target.like(7, 0.0)),
+        auto = AutoDrafter(Verification.of(costs), costs, lookup=LookupDrafter(), model=ModelDrafter(target.like(7, 0.0)),
                            model_max=cap)
         out, stats = generate(target, auto, n=120, draft_max=cap)
         assert out == ref and stats.n_accepted == stats.n_drafted  # the model as its own draft
@@ -223,7 +223,7 @@ def test_auto_reads_the_prompt_into_the_draft_with_the_prompt_where_the_model_ma
     target = FakeTarget(seed=1)
     for costs, eager in ((Costs(SAWTOOTH, 9, 0.019), True), (Costs([0.043 * (i + 1) for i in range(9)], 3, 0.025), False)):
         draft = target.like(7, 0.0)
-        auto = AutoDrafter(Verification.of(costs), lookup=LookupDrafter(), model=ModelDrafter(draft))
+        auto = AutoDrafter(Verification.of(costs), costs, lookup=LookupDrafter(), model=ModelDrafter(draft))
         auto.reset(PROMPT)
         assert auto.model_may_pay() is eager
         assert draft.tokens == (PROMPT[:-1] if eager else [])  # lazily: only when first used, which it never is
@@ -233,24 +233,10 @@ def test_stats_merge_is_the_sum_of_its_parts():
     a, b = Stats(mode="auto"), Stats(mode="auto")
     for s, rounds_ in ((a, [(3, 2), (4, 4)]), (b, [(0, 0), (4, 1)])):
         for drafted, accepted in rounds_:
-            s.add(Round([1] * (accepted + 1), drafted, accepted, 0.01, 0.02, seconds=0.05))
+            s.add(Round(tokens=[1] * (accepted + 1), n_drafted=drafted, n_accepted=accepted, draft_seconds=0.01,
+                        target_seconds=0.02, seconds=0.05))
     m = Stats.merge([a, b])
     assert (m.n_drafted, m.n_accepted, m.rounds, m.n_generated) == (11, 7, 4, 11)
     assert m.acceptance_rate == pytest.approx(7 / 11) and m.accepted_histogram == [0, 1, 1, 0, 1]
     assert m.generation_seconds == pytest.approx(0.2) and m.n_timed == a.n_timed + b.n_timed == 9
     assert m.rounds_by_source == {"target": 4}  # Round's default draft names no source
-
-
-def test_the_llama_adapter_reads_acceptance_from_how_the_history_went_on():
-    """GGUFDraftModel is never told what Llama accepted: it reads it from the next call's history."""
-    from ggufspec.llama_draft import GGUFDraftModel
-
-    d = GGUFDraftModel(None, mode="lookup", num_pred_tokens=3)
-    d._attached = "a Llama"  # attach() needs a real one; the bookkeeping does not
-    history = [5, 6, 7, 8, 5, 6]
-    assert list(d(np.array(history))) == [7, 8, 5]
-    history += [7, 8, 9]  # Llama kept 7, 8, rejected 5, and sampled 9 instead
-    d(np.array(history))
-    assert (d.stats["drafted"], d.stats["accepted"]) == (3, 2) and d.stats["by_source"] == {"lookup": {"drafted": 3, "accepted": 2}}
-    d([1, 2, 3])  # a new prompt: nothing is counted against the last proposal
-    assert d.stats["drafted"] == 3

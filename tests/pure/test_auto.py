@@ -1,0 +1,201 @@
+"""Cost-aware drafting on hand-made cost tables: the expectation math, the choice, what it learns, the cut."""
+
+import pytest
+
+from ggufspec.auto import LOOKUP_PRIORS, AutoDrafter, Estimate, lookup_bucket
+from ggufspec.costs import Costs, expected_tokens
+from ggufspec.core import Draft, Round
+from ggufspec.drafters import LookupDrafter
+from ggufspec.verification import Verification
+from tables import cpu_like, cpu_q8_like, gpu_like
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 3) == 4.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_estimate_moves_toward_observations():
+    e = Estimate(0.5, 2.0)
+    for _ in range(50):
+        e.update(3, 3)
+    assert e.value > 0.9
+    for _ in range(120):  # decay 0.98: old evidence fades over ~100 observations
+        e.update(0, 3)  # a rejection at the first draft: one observation, not three
+    assert e.value < 0.2
+
+
+def test_exact_verify_cost_counts_chunks_reached():
+    c, v = cpu_like(), Verification.of(cpu_like(), True)
+    assert c.verify_seconds(3, v.batch_limit(), 0.9) == pytest.approx(0.093)
+    assert c.verify_seconds(5, v.batch_limit(), 1.0) == pytest.approx(0.093 + 0.070)
+    assert c.verify_seconds(5, v.batch_limit(), 0.5) == pytest.approx(0.093 + 0.5 ** 3 * 0.070)
+    assert c.verify_seconds(5, Verification.of(c, False).batch_limit(), 0.5) == pytest.approx(0.150)  # one batch
+
+
+def test_draft_model_never_chosen_where_it_cannot_pay():
+    """On the measured CPU costs even a perfect draft model loses: auto must not use it."""
+    d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter(), model=object(), draft_cost=0.025)
+    d.model_alpha = Estimate(1.0, 1000)
+    best_model = max(d.rate(1.0, k, 0.025, 0) for k in range(1, 9))
+    assert best_model < 1 / 0.043
+
+
+def test_auto_cuts_model_drafts_where_another_token_costs_more_than_it_returns():
+    # a draft step 0.15 of a target step and a verify row 0.025: a token the draft is less than 0.175 sure of
+    # loses; where each verified row costs most of a step the cut is high (0.9 at most: a sure token still goes)
+    gpu = AutoDrafter(Verification.of(gpu_like(), False), gpu_like(), lookup=LookupDrafter(), draft_cost=0.006)
+    assert gpu.p_min_for(4, 0) == pytest.approx((0.006 + (0.044 - 0.040) / 4) / 0.040)
+    cpu = AutoDrafter(Verification.of(cpu_like(), False), cpu_like(), lookup=LookupDrafter(), draft_cost=0.025)
+    assert cpu.p_min_for(4, 0) == 0.9
+    # rows taken 2 at a time: a batch of 4 costs less than one of 3, so a 3-token draft cut at 2 keeps its third
+    pairs = Costs([0.070, 0.097, 0.165, 0.140, 0.200, 0.188], 6, 0.015)
+    d = AutoDrafter(Verification.of(pairs, True), pairs, lookup=LookupDrafter(), draft_cost=0.015)
+    assert [k for k in range(1, 5) if d.one_more_is_free(k, 0)] == [2, 4]
+
+
+def test_draft_model_chosen_where_verification_is_nearly_free():
+    d = AutoDrafter(Verification.of(gpu_like(), False), gpu_like(), lookup=LookupDrafter(), draft_cost=0.006)
+    assert max(d.rate(0.7, k, 0.006, 0) for k in range(1, 9)) > 1.5 / 0.040
+
+
+def test_lookup_continues_the_copy_that_agrees_furthest_back():
+    # "1 2 3 4 X" occurs twice; the history agrees with the first occurrence for much longer
+    # (it is copying that block), so its continuation wins over the latest one.
+    copied = [7, 8, 9, 1, 2, 3, 4, 10, 11, 12]
+    decoy = [5, 1, 2, 3, 4, 20, 21]
+    history = copied + decoy + [7, 8, 9, 1, 2, 3, 4]
+    tokens, agreement = LookupDrafter().match(history, 3)
+    assert tokens == [10, 11, 12]
+    assert agreement == 7
+    # Without the long agreement the latest occurrence wins.
+    tokens, agreement = LookupDrafter().match(copied + decoy + [0, 1, 2, 3, 4], 3)
+    assert tokens == [20, 21, 0]
+    assert agreement == 4
+
+
+def test_lookup_index_is_incremental_and_never_matches_itself():
+    d = LookupDrafter()
+    history = [1, 2, 3]
+    assert d.match(history, 3) == ([], 0)  # the suffix itself is not an earlier occurrence
+    history += [4, 1, 2, 3]
+    assert d.match(history, 3) == ([4, 1, 2], 3)
+    history += [4]
+    assert d.match(history, 2) == ([1, 2], 4)
+
+
+def test_lookup_alpha_is_tracked_by_agreement_length():
+    assert [lookup_bucket(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 99)] == [1, 1, 2, 3, 4, 4, 8, 8, 16, 16, 32, 32]
+    d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter())
+    assert set(d.lookup_alpha) == {m for m, _ in LOOKUP_PRIORS}
+
+
+def test_ceiling_is_the_best_rate_of_an_always_right_free_drafter():
+    c = cpu_like()
+    best, n = c.ceiling(3)  # exact: chunks of 3 rows
+    assert (best, n) == (pytest.approx(3 * 0.043 / 0.093), 3)
+    assert c.ceiling(None)[0] == pytest.approx(max(k * 0.043 / t for k, t in enumerate(c.target_batch_seconds, 1)))
+    assert gpu_like().ceiling(None) == (pytest.approx(9 * 0.040 / 0.048), 9)
+    c.exact_kv = 256  # past 256 cached tokens a round is one batch: the report gives that ceiling too
+    report = c.report(3)
+    assert (report["ceiling_speedup"], report["ceiling_tokens_per_round"]) == (best, 3)
+    assert (report["ceiling_past_exact_kv"], report["ceiling_past_exact_kv_tokens_per_round"]) == c.ceiling(None)
+    assert report["ceiling_past_exact_kv"] > best
+
+
+def test_break_even_alpha_where_lookup_pays_and_the_draft_model_never_does():
+    c = cpu_like()
+    a = c.break_even(0.0, 3)
+    assert 0.5 < a < 1
+    assert c.best_length(a + 0.01, 0.0, 3)[0] > AutoDrafter.margin > c.best_length(a - 0.01, 0.0, 3)[0]
+    assert c.break_even(0.025, 3) is None  # the measured CPU: a 0.6-step draft cannot pay
+    assert gpu_like().break_even(0.006, None) < 0.3
+
+
+def _plain_round(seconds):
+    return Round(tokens=[1], target_seconds=seconds)
+
+
+def test_one_stall_cannot_make_the_draft_model_look_cheap():
+    """A plain step that stalls (page fault, another process) must not tip auto into drafting."""
+    import numpy as np
+    from ggufspec.sampling import SamplingParams
+
+    d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter(), model=object(), draft_cost=0.025)
+    d.model_alpha = Estimate(0.9, 1000)
+    for _ in range(3):
+        d.observe(_plain_round(10 * 0.043))
+    assert 1.0 < d.target_scale <= 1.05 ** 3 + 1e-9
+    # object() has no propose(): choosing the draft model would raise here.
+    assert d.propose([5, 6, 7], 3, SamplingParams(), np.random.default_rng(0)).source == "target"
+
+
+def test_cost_scale_follows_a_lasting_slowdown_and_recovers():
+    d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter())
+    for _ in range(80):
+        d.observe(_plain_round(1.3 * 0.043))
+    assert d.target_scale == pytest.approx(1.3, rel=0.02)
+    assert d.step_cost == pytest.approx(1.3 * 0.043, rel=0.02)
+    for _ in range(80):
+        d.observe(_plain_round(0.043))
+    assert d.target_scale == pytest.approx(1.0, rel=0.02)
+
+
+def test_untried_lookup_drafts_get_tried_and_failures_stop_them():
+    """UCB: a bucket whose prior is just below break-even is explored; evidence then decides."""
+    import numpy as np
+    from ggufspec.sampling import SamplingParams
+
+    measured = Costs([0.0423, 0.0880, 0.1024, 0.1425, 0.1686, 0.2088, 0.2400, 0.3348, 0.3446], 3)  # `ggufspec costs` here
+    d = AutoDrafter(Verification.of(measured, True), measured, lookup=LookupDrafter())
+    d.lookup_alpha[4] = Estimate(0.75, 2.0)  # a prior just below this table's break-even (0.82)
+    history = [9, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]  # matches "1 2 3 4" with an agreement of 4
+    rng, params = np.random.default_rng(0), SamplingParams()
+    assert d.lookup_alpha[4].value < measured.break_even(0.0, 3)  # the prior alone would never draft here
+    draft = d.propose(history, 5, params, rng)
+    assert draft.source == "lookup" and draft.tokens[:2] == [5, 6]
+    for _ in range(10):  # every draft rejected at once
+        draft = d.propose(history, 5, params, rng)
+        d.observe(Round(tokens=[8], n_drafted=2, target_seconds=0.1024, draft=draft))
+    assert d.propose(history, 5, params, rng).source == "target"
+
+
+def test_past_the_exact_cache_length_auto_plans_one_batch_as_the_loop_verifies():
+    """Where no batch is exact any more (past costs.exact_kv), the loop verifies in one batch: auto must
+    plan with that cost (cheaper than exact chunks of 3 here), and keep learning the target's speed."""
+    import numpy as np
+    from ggufspec.costs import Costs
+    from ggufspec.sampling import SamplingParams
+
+    costs = Costs([0.043, 0.070, 0.093, 0.100, 0.105, 0.110, 0.115, 0.120, 0.125], 3, None, exact_kv=256)
+    d = AutoDrafter(Verification.of(costs, True), costs, lookup=LookupDrafter())
+    history = [7, 8, 9, 10, 11, 12] * 10  # lookup has a long, agreeing match
+    d.propose(history, 8, SamplingParams(), np.random.default_rng(0))
+    assert d.verification.batch_limit(len(history) + 8) == 3
+    short = d.rate(0.9, 8, 0.0, len(history) - 1)
+    long_history = list(range(300)) + history
+    d.propose(long_history, 8, SamplingParams(), np.random.default_rng(0))
+    assert d.verification.batch_limit(len(long_history) + 8) is None
+    assert d.rate(0.9, 8, 0.0, len(long_history) - 1) > short  # one batch of 9 costs 0.125 s, three chunks of 3 up to 0.279 s
+    before = d.target_scale
+    d.observe(Round(tokens=[1] * 6, n_past=len(long_history) - 1, n_drafted=5, n_accepted=5,
+                    target_seconds=2 * costs.batch_seconds(6),
+                    draft=Draft(tokens=[1] * 5, source="lookup")))
+    assert d.target_scale > before  # a 6-row round past exact_kv is one call: it teaches the scale
+
+
+def test_exact_verification_decodes_in_the_cheapest_chunk_per_token():
+    c = cpu_q8_like()
+    assert c.chunk() == 16 and c.chunk(9) == 6 and c.chunk(3) == 2  # 2.64 / 6 beats 3.55 / 8 and 4.25 / 9
+    assert c.verify_seconds(8, 3, 1.0) == pytest.approx(4 * c.batch_seconds(2))
+    assert cpu_like().chunk() == 3  # the older table: the largest exact batch is also the cheapest per token
+
+
+def test_why_speaks_where_each_verified_token_costs_most_of_a_step():
+    q4 = Costs([0.0283 * s for s in (1, 1.94, 2.7, 3.32)], 3)  # Zen 4, Q4_K_M: a batch of 4 = 3.32 steps
+    line = q4.why("Q4_K_M")
+    assert "3.32 target steps" in line and "0.77 of a step" in line and "Q4_K_M" in line and "Q8_0 build" in line
+    assert cpu_q8_like().why("Q8_0") is None  # 0.32 of a step: verification is cheap enough
+    slow_q8 = Costs([0.05 * s for s in (1, 1.9, 2.8, 3.6)], 3)
+    assert "GPU" in slow_q8.why("Q8_0") and "Q8_0 build" not in slow_q8.why("Q8_0")

@@ -1,0 +1,94 @@
+"""The Engine as an API: one generation at a time across threads, superseded streams, the prompt's shapes,
+stop strings, a closed engine. Each bad input is one GGUFSpecError (or one line from the CLI)."""
+
+import json
+import threading
+
+import pytest
+
+from clirun import TIMEOUT, one_line, run
+from ggufspec import Engine, GGUFSpecError
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    with Engine(tiny["target"], tiny["close"], n_ctx=512) as e:
+        yield e
+
+
+def test_one_engine_shared_by_threads_runs_one_generation_at_a_time(engine):
+    expected = {p: engine.generate(p, max_tokens=40, ignore_eos=True, mode="draft").tokens
+                for p in ("hello world", "def f(x):", "zzz zzz")}
+    results, errors = {}, []
+
+    def worker(i, prompt):
+        try:
+            for _ in range(3):
+                results[(i, prompt)] = engine.generate(prompt, max_tokens=40, ignore_eos=True, mode="draft").tokens
+        except Exception as e:  # noqa: BLE001 - the test reports whatever went wrong
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i, p)) for i in range(2) for p in expected]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=TIMEOUT)
+    assert not errors, errors
+    assert all(results[(i, p)] == expected[p] for i in range(2) for p in expected)
+
+
+def test_a_stream_superseded_by_a_later_generation_says_so(engine):
+    stream = engine.stream("hello world", max_tokens=30, ignore_eos=True)
+    next(stream)
+    engine.generate("def f(x):", max_tokens=5)
+    with pytest.raises(GGUFSpecError, match="superseded by a later generation"):
+        next(stream)
+    assert len(engine.generate("hello world", max_tokens=30, ignore_eos=True).tokens) == 30  # and the engine works
+
+
+def test_prompt_arguments_are_checked(engine):
+    with pytest.raises(GGUFSpecError, match="not a token id of this model"):
+        engine.generate(prompt_tokens=[1, 2**31])
+    with pytest.raises(GGUFSpecError, match="not a token id"):
+        engine.generate(prompt_tokens=[1, -5])
+    with pytest.raises(GGUFSpecError, match="exactly one of a prompt, chat messages or prompt_tokens"):
+        engine.generate("hello", prompt_tokens=[1, 5])
+    with pytest.raises(GGUFSpecError, match="exactly one"):
+        list(engine.stream("hello", prompt_tokens=[1, 5]))
+
+
+@pytest.mark.parametrize("messages", [["hi"], [1, 2], "hi", [{"content": "hi"}], [{"role": "user"}], []])
+def test_chat_messages_of_the_wrong_shape(engine, messages):
+    with pytest.raises(GGUFSpecError, match="messages"):
+        engine.generate(messages=messages, max_tokens=4)
+
+
+def test_stop_none_and_empty_stop(engine):
+    reference = engine.generate("hello", max_tokens=12, ignore_eos=True)
+    assert engine.generate("hello", max_tokens=12, ignore_eos=True, stop=None).tokens == reference.tokens
+    with pytest.raises(GGUFSpecError, match="non-empty"):
+        engine.generate("hello", max_tokens=12, stop=[""])
+
+
+def test_a_closed_engine_says_so(tiny):
+    e = Engine(tiny["target"], n_ctx=64)
+    e.close()
+    with pytest.raises(GGUFSpecError, match="this Engine is closed"):
+        e.generate("hi", max_tokens=2)
+    with pytest.raises(GGUFSpecError, match="this Engine is closed"):
+        e.tokenize_prompt("hi")
+
+
+@pytest.mark.parametrize("temp", ["1e-38", "1e-320"])
+def test_a_tiny_temperature_is_greedy_without_warnings(tiny, temp):
+    greedy = run("generate", "-m", tiny["target"], "-p", "hello", "-n", 20, "--ignore-eos", "--json")
+    r = run("generate", "-m", tiny["target"], "-md", tiny["close"], "-p", "hello", "-n", 20, "--ignore-eos", "--json",
+            "--temp", temp, "-s", 1)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tokens"] == json.loads(greedy.stdout)["tokens"]
+    assert "overflow" not in r.stderr and "invalid value" not in r.stderr
+
+
+@pytest.mark.parametrize("temp", ["nan", "inf"])
+def test_a_temperature_that_is_not_a_number(tiny, temp):
+    one_line(run("generate", "-m", tiny["target"], "-p", "hello", "--temp", temp), "--temp must be a finite number")
