@@ -5,7 +5,6 @@ from clirun import TIMEOUT, stderr_lines
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time

@@ -117,7 +117,7 @@ def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
     assert "offloaded 2/3 layers to GPU" in capfd.readouterr().err
 
 
-def test_tune_script_runs_and_writes_the_pair_defaults(tiny, tmp_path):
+def test_tune_measures_around_the_plan_and_writes_the_pair_defaults(tiny, tmp_path, monkeypatch):
     import subprocess
     import sys
     from pathlib import Path
@@ -131,21 +131,26 @@ def test_tune_script_runs_and_writes_the_pair_defaults(tiny, tmp_path):
     reg = tmp_path / "mine.toml"
     reg.write_text('[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[models.d]\nrepo = "x/d"\nfile = "d.gguf"\n'
                    '[pairs.td]\ntarget = "t"\ndraft = "d"\n')
-    script = Path(__file__).parent.parent / "scripts" / "tune_offload.py"
-    out = subprocess.run([sys.executable, str(script), "td", "--registry", str(reg), "-n", "8", "--repeats", "1", "--draft-max", "1,2",
-                          "--write"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    out = run("tune", "td", "--registry", reg, "-n", 8, "--repeats", 1, "--draft-max", "1,2", "--write")
+    assert out.exit_code == 0, out.output
     assert "best: -ngl 0 -ngld 0" in out.stdout and "saved as the defaults of pair td" in out.stdout
+    assert "only the drafting settings were tuned" in out.stdout  # no GPU here: it says so
+    rows = [line for line in out.stdout.splitlines() if line.startswith("0 ")]
+    assert [line.split()[2] for line in rows] == ["target", "draft", "draft", "auto", "auto"]
     pair = load_registry(reg).pair("td")
     assert pair.n_gpu_layers == 0 and pair.settings["mode"] in ("target", "auto", "draft")
     assert pair.target == "t"  # the rest of the file survived
     # --write may also create the user's file: the pair then comes from the registry given by env
     new = tmp_path / "new" / "models.toml"
-    env = dict(__import__("os").environ, GGUFSPEC_REGISTRY=str(reg))
-    out = subprocess.run([sys.executable, str(script), "td", "--registry", str(new), "-n", "4", "--draft-max", "1",
-                          "--write"], capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr
+    monkeypatch.setenv("GGUFSPEC_REGISTRY", str(reg))
+    out = run("tune", "td", "--registry", new, "-n", 4, "--draft-max", "1", "--repeats", 1, "--write")
+    assert out.exit_code == 0, out.output
     assert new.exists() and "saved as the defaults of pair td" in out.stdout
+    # the script is an example over the same API
+    script = Path(__file__).parent.parent / "scripts" / "tune_offload.py"
+    done = subprocess.run([sys.executable, str(script), "td", "--draft-max", "1"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "best: -ngl 0 -ngld 0" in done.stdout, done.stderr
 
 
 def test_plan_ram_messages(tiny):

@@ -100,13 +100,13 @@ def test_a_pairs_draft_max_is_draft_modes_length_and_does_not_cap_auto(tiny, tmp
                    '[pairs.td]\ntarget = "t"\ndraft = "t"\ndraft_max = 1\n')
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "t.gguf").write_bytes(Path(tiny["target"]).read_bytes())
-    seen, drafter = {}, Engine._drafter
+    seen, build = {}, Engine._build
 
-    def recording(self, s, verification):  # what the generation was asked for, then the real drafter
+    def recording(self, s, prompt_tokens):  # what the generation was asked for, then the real one
         seen[s.mode] = s.draft_max
-        return drafter(self, s, verification)
+        return build(self, s, prompt_tokens)
 
-    monkeypatch.setattr(Engine, "_drafter", recording)
+    monkeypatch.setattr(Engine, "_build", recording)
     for mode in ("draft", "auto"):
         r = CliRunner().invoke(cli, ["generate", "td", "--registry", str(reg), "-p", "hello world", "-n", "8",
                                      "--mode", mode, "--json"])

@@ -4,6 +4,7 @@ suit them."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -114,7 +115,8 @@ def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max
     settings = TuneSettings(n_ctx=n_ctx, draft_max=lengths, max_tokens=max_tokens, repeats=repeats, step=step,
                             vram_bytes=parse_size(vram) if vram is not None else None, rpc=rpc)
     prompts = load_prompts(None, suites, limit)
-    target_path, draft_path, defaults = resolve_models(pair, target, draft, registry=registry, use_default=True)
+    existing = registry if registry and Path(registry).exists() else None  # --write may create it
+    target_path, draft_path, defaults = resolve_models(pair, target, draft, registry=existing, use_default=True)
     progress = BenchProgress()
     try:
         result = measure(target_path, draft_path, prompts, settings, progress=progress)
