@@ -69,6 +69,8 @@ class GenerationSettings(SamplingParams):
         return self.sampling_rule or ("coupled" if self.seed is not None else "rejection")
 
     def validate(self) -> "GenerationSettings":
+        """Every setting's type, then its range: GGUFSpecError naming the flag of the first bad one."""
+        self._check_types()
         checks = [
             (self.max_tokens >= 1, f"-n/--n-predict must be at least 1 (got {self.max_tokens})"),
             (math.isfinite(self.temperature) and self.temperature >= 0,
@@ -77,8 +79,9 @@ class GenerationSettings(SamplingParams):
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p})"),
             (0 <= self.min_p < 1, f"--min-p must be in [0, 1) (got {self.min_p})"),
             (self.draft_max is None or self.draft_max >= 1, f"--draft-max must be at least 1 (got {self.draft_max})"),
-            (0 <= self.draft_min and (self.draft_max is None or self.draft_min <= self.draft_max),
-             f"--draft-min must be between 0 and --draft-max={self.draft_max} (got {self.draft_min})"),
+            (self.draft_min >= 0, f"--draft-min must be 0 or more (got {self.draft_min})"),
+            (self.draft_max is None or self.draft_min <= self.draft_max,
+             f"--draft-min must not exceed --draft-max={self.draft_max} (got {self.draft_min})"),
             (self.draft_p_min is None or 0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
             (self.lookup_max >= 1, f"--lookup-max must be at least 1 (got {self.lookup_max})"),
             (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
@@ -94,6 +97,29 @@ class GenerationSettings(SamplingParams):
             if not ok:
                 raise GGUFSpecError(message)
         return self
+
+    def _check_types(self) -> None:
+        for name, (flag, kind) in SETTING_TYPES.items():
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL:
+                continue
+            whole = kind is int and isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            number = kind is float and isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            if not (whole or number or (kind in (str, bool) and isinstance(value, kind))):
+                what = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}[kind]
+                raise GGUFSpecError(f"{flag} must be {what} (got {value!r}, {type(value).__name__})")
+
+
+# The type each setting must have, and the flag that names it in a message (API users see the same flags).
+SETTING_TYPES = {
+    "max_tokens": ("-n/--n-predict (max_tokens)", int), "temperature": ("--temp (temperature)", float),
+    "top_k": ("--top-k (top_k)", int), "top_p": ("--top-p (top_p)", float), "min_p": ("--min-p (min_p)", float),
+    "seed": ("-s/--seed (seed)", int), "mode": ("--mode (mode)", str), "draft_max": ("--draft-max (draft_max)", int),
+    "draft_min": ("--draft-min (draft_min)", int), "draft_p_min": ("--draft-p-min (draft_p_min)", float),
+    "lookup_max": ("--lookup-max (lookup_max)", int), "tie_margin": ("tie_margin", float),
+    "ignore_eos": ("ignore_eos", bool), "reuse_prompt": ("reuse_prompt", bool), "exact": ("exact", bool),
+}
+OPTIONAL = {"seed", "draft_max", "draft_p_min", "exact"}  # None: the default rule decides
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,8 @@ class GGUFDraftModel(LlamaDraftModel):
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         if self._attached is None:
             raise GGUFSpecError("GGUFDraftModel: call draft.attach(llm) with the Llama it drafts for before generating")
+        if self.mode != "lookup" and self.ctx is None:  # its model was freed: drafting with it would crash llama.cpp
+            raise GGUFSpecError("GGUFDraftModel: this draft was closed; make a new one (and attach it) to draft again")
         history = [int(x) for x in input_ids]
         if history[: len(self._history)] == self._history and self._history:
             self._observe(history)

@@ -102,7 +102,9 @@ def test_bad_bench_input_is_one_line(tiny, tmp_path):
     bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
     for args, needle in [(["--prompts", bad], "line 2"), (["--suite", "poems"], "not a built-in suite"),
                          (["--draft-max", "0"], "--draft-max"), (["--modes", "warp"], "unknown mode"),
-                         (["--repeats", "0"], "--repeats")]:
+                         (["--repeats", "0"], "--repeats"), (["--modes", "draft"], "needs a draft model"),
+                         (["--modes", "target,draft-alone"], "--modes draft-alone needs a draft model"),
+                         (["--modes", ","], "--modes names no mode")]:
         r = bench("-m", tiny["target"], *args)
         assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 

@@ -92,3 +92,23 @@ def test_a_tiny_temperature_is_greedy_without_warnings(tiny, temp):
 @pytest.mark.parametrize("temp", ["nan", "inf"])
 def test_a_temperature_that_is_not_a_number(tiny, temp):
     one_line(run("generate", "-m", tiny["target"], "-p", "hello", "--temp", temp), "--temp must be a finite number")
+
+
+@pytest.mark.parametrize("setting, value, needle", [
+    ("max_tokens", 4.5, "-n/--n-predict (max_tokens) must be a whole number (got 4.5, float)"),
+    ("max_tokens", "4", "must be a whole number (got '4', str)"), ("temperature", "0.5", "--temp (temperature) must be a number"),
+    ("seed", 1.5, "-s/--seed (seed) must be a whole number"), ("top_k", 2.5, "--top-k (top_k) must be a whole number"),
+    ("max_tokens", True, "must be a whole number (got True, bool)"), ("mode", 3, "--mode (mode) must be text"),
+    ("draft_min", -1, "--draft-min must be 0 or more (got -1)"),
+])
+def test_settings_of_the_wrong_type_are_one_error_before_any_decoding(engine, setting, value, needle):
+    n_past = engine.target_ctx.n_past
+    with pytest.raises(GGUFSpecError) as e:
+        engine.generate("hello", **{setting: value})
+    assert needle in str(e.value)
+    assert engine.target_ctx.n_past == n_past  # refused before the prompt was evaluated
+
+
+def test_draft_min_above_draft_max_names_both(engine):
+    with pytest.raises(GGUFSpecError, match=r"--draft-min must not exceed --draft-max=2 \(got 3\)"):
+        engine.generate("hello", draft_min=3, draft_max=2)

@@ -195,3 +195,14 @@ def test_the_llama_adapter_reads_acceptance_from_how_the_history_went_on():
     assert (d.stats["drafted"], d.stats["accepted"]) == (3, 2) and d.stats["by_source"] == {"lookup": {"drafted": 3, "accepted": 2}}
     d([1, 2, 3])  # a new prompt: nothing is counted against the last proposal
     assert d.stats["drafted"] == 3
+
+
+def test_a_closed_draft_says_so_instead_of_crashing(tiny):
+    """A GGUFDraftModel closed while its Llama lives on: the next generation is one GGUFSpecError, not a
+    segmentation fault inside llama.cpp."""
+    draft = GGUFDraftModel(tiny["close"], mode="draft")
+    llm = llama(tiny["target"], draft)
+    assert llm.create_completion("hello", max_tokens=4, temperature=0)["choices"][0]["text"] is not None
+    draft.close()
+    with pytest.raises(GGUFSpecError, match="this draft was closed"):
+        llm.create_completion("hello", max_tokens=8, temperature=0)

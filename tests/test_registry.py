@@ -138,3 +138,16 @@ def test_models_info_and_check(tiny):
     assert ok.exit_code == 0 and "compatible" in ok.stdout
     bad = CliRunner().invoke(cli, ["models", "check", str(tiny["target"]), str(tiny["other_vocab"])])
     assert bad.exit_code == 1 and "token 259 differs (target '▁', draft '#')" in bad.stderr
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('temperature = "hot"', "[pairs.tp] --temp (temperature) must be a number (got 'hot', str)"),
+    ("draft_max = 0", "[pairs.tp] --draft-max must be at least 1 (got 0)"),
+    ('mode = "warp"', "[pairs.tp] --mode must be one of"),
+])
+def test_a_pairs_settings_are_checked_when_the_registry_is_read(tmp_path, line, needle):
+    reg = tmp_path / "bad.toml"
+    reg.write_text(f'[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[pairs.tp]\ntarget = "t"\ndraft = "t"\n{line}\n')
+    r = CliRunner().invoke(cli, ["models", "list", "--registry", str(reg)])
+    assert r.exit_code == 1 and needle in r.stderr and str(reg) in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

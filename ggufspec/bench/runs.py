@@ -78,6 +78,8 @@ class BenchSettings:
                                 "prompt's batch, so tokens per second are timed from the second on")
         if self.draft_max is not None and (not self.draft_max or min(self.draft_max) < 1):
             raise GGUFSpecError(f"--draft-max values must be at least 1 (got {self.draft_max})")
+        if not self.modes:
+            raise GGUFSpecError(f"--modes names no mode; choose from {', '.join(MODES)}")
         for mode in self.modes:
             if mode not in MODES:
                 raise GGUFSpecError(f"--modes: unknown mode {mode!r}; choose from {', '.join(MODES)}")
@@ -88,6 +90,9 @@ class BenchSettings:
 def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
     """The rows to run. Without --draft-max values, draft rows draft settings.draft_length tokens (the
     pair's, or DRAFT_MAX) and auto's row drafts as far as the measured costs say pays."""
+    unrunnable = [mode for mode in settings.modes if mode in MODEL_MODES] if not has_draft else []
+    if unrunnable and tuple(settings.modes) != MODES:  # asked for by name: say so instead of leaving the rows out
+        raise GGUFSpecError(f"--modes {','.join(unrunnable)} needs a draft model: give -md DRAFT or name a pair")
     configs = []
     for mode in settings.modes:
         if mode in MODEL_MODES and not has_draft:

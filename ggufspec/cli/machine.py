@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from ..errors import GGUFSpecError
 from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, rpc_option,
                       split_options, target_option, user_errors)
 

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import time
 
 import click
 
@@ -20,8 +19,7 @@ from ..errors import GGUFSpecError, exactly_one
 from .machine import costs_command, doctor, plan_command, rpc_server, tune_command
 from .models import models
 from .progress import BenchProgress
-from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, rpc_option,
-                      sampling_options, split_options, target_option, user_errors, whole_number)
+from .options import int_list, json_option, model_options, sampling_options, split_options, user_errors, whole_number
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import GGUFSpecError
+from ..generation import GenerationSettings
 from ..paths import user_registry
 
 if sys.version_info >= (3, 11):
@@ -178,6 +179,10 @@ def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
         if d[key] not in models and not d[key].endswith(".gguf"):
             raise GGUFSpecError(f"{where}: [pairs.{name}] {key} = {d[key]!r} is not a model in the registry")
     settings = {k: d[k] for k in PAIR_SETTING_KEYS if k in d}
+    try:  # checked where they are read, not after the models have loaded
+        GenerationSettings(**settings).validate()
+    except GGUFSpecError as e:
+        raise GGUFSpecError(f"{where}: [pairs.{name}] {e}") from None
     return PairSpec(name, d["target"], d["draft"], d.get("note", ""), settings,
                     d.get("n_gpu_layers"), d.get("draft_n_gpu_layers"))
 
