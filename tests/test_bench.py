@@ -231,8 +231,6 @@ def test_bench_save_outputs_where_nothing_can_be_written(tiny, tmp_path):
 
 
 def test_bench_save_outputs_on_a_full_disk_keeps_the_table(tiny, tmp_path, monkeypatch):
-    from ggufspec.bench import benchmark as bench
-
     real = Path.write_text
 
     def full(self, data, *a, **kw):
