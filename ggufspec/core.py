@@ -11,7 +11,6 @@ from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
-from .errors import GGUFSpecError
 
 
 @dataclass(frozen=True)
@@ -42,14 +41,6 @@ DEFAULT_MODE = "auto"
 DRAFTING_MODES = tuple(m.name for m in MODE_TABLE if m.speculates)  # their text is the target's
 MODEL_MODES = tuple(m.name for m in MODE_TABLE if m.needs_draft_model)
 LLAMA_MODES = tuple(m.name for m in MODE_TABLE if m.for_llama)
-
-
-def mode(name: str) -> Mode:
-    """The mode of this name; GGUFSpecError naming the choices for any other."""
-    for m in MODE_TABLE:
-        if m.name == name:
-            return m
-    raise GGUFSpecError(f"unknown mode {name!r}; choose from {', '.join(MODES)}")
 
 
 Logits = Literal["all", "last", "none"]

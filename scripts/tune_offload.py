@@ -29,8 +29,7 @@ def main(argv=None) -> int:
         target, draft, defaults = resolve_models(a.pair, None, None, use_default=True)
         settings = TuneSettings(draft_max=tuple(int(x) for x in a.draft_max.split(",")),
                                 vram_bytes=parse_size(a.vram) if a.vram else None)
-        result = measure(target, draft, load_prompts(None, "code", 1), settings)
-        result.pair = defaults.get("name")
+        result = measure(target, draft, load_prompts(None, "code", 1), settings, pair=defaults.get("name"))
         print(tune_text(result, save_best(result) if a.write else None))
     except (GGUFSpecError, ValueError) as e:
         print(f"tune_offload: {e}", file=sys.stderr)

@@ -62,17 +62,19 @@ def placements(target: Path, draft: Path | None, s: TuneSettings) -> tuple[list[
     t_devices, d_devices = devices_for(s.rpc)
     free, d_vram = budgets(t_devices, d_devices) if s.rpc else ({}, None)
     vram = s.vram_bytes if s.vram_bytes is not None else sum(free.values()) if s.rpc else detect_vram()
-    t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None
     if not (supports_gpu_offload() and vram > 0):
         return [0], [0], (t_devices, d_devices), False
+    t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None
     p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=s.n_ctx, draft_vram_bytes=d_vram)
     ngls = candidates(p.target.n_gpu_layers, t_sizes.n_layers, s.step)
     nglds = sorted({p.draft.n_gpu_layers, d_sizes.n_layers + 1}) if d_sizes and d_vram != 0 else [0]
     return ngls, nglds, (t_devices, d_devices), True
 
 
-def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSettings, progress=None) -> TuneResult:
-    """Every placement around the plan, each with the benchmark's target, draft and auto rows."""
+def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSettings, *, pair: str | None = None,
+            progress=None) -> TuneResult:
+    """Every placement around the plan, each with the benchmark's target, draft and auto rows. pair: the
+    pair's name, where one was named (what `save_best` writes under)."""
     if draft is None:
         raise GGUFSpecError("tune needs a draft model: name a pair or give -md DRAFT")
     ngls, nglds, (t_devices, d_devices), gpu = placements(target, draft, s)
@@ -84,7 +86,7 @@ def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSett
                         devices=t_devices, draft_devices=d_devices) as engine:
                 runs = run(engine, prompts, settings, [], progress=progress)
                 found += [_row(ngl, ngld, row) for row in rows(runs, engine, settings)]
-    return _pick(found, gpu)
+    return _pick(found, gpu, pair)
 
 
 def _row(ngl: int, ngld: int, row: dict) -> dict:
@@ -94,7 +96,7 @@ def _row(ngl: int, ngld: int, row: dict) -> dict:
             "identical": row["identical_to_target"]}
 
 
-def _pick(found: list[dict], gpu: bool) -> TuneResult:
+def _pick(found: list[dict], gpu: bool, pair: str | None) -> TuneResult:
     best = max(found, key=lambda r: r["tokens_per_second"])
     notes = []
     if not gpu:
@@ -104,7 +106,7 @@ def _pick(found: list[dict], gpu: bool) -> TuneResult:
     if plain and best["mode"] != "target" and best["min"] <= plain[0]["max"]:
         notes.append("the best setting's range overlaps plain decoding's: on this machine the difference is within "
                      "run-to-run noise (more --repeats or -n narrow it)")
-    return TuneResult(found, best, None, gpu, notes)
+    return TuneResult(found, best, pair, gpu, notes)
 
 
 def save_best(result: TuneResult, registry: str | Path | None = None) -> Path:

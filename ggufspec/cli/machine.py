@@ -118,10 +118,9 @@ def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max
     target_path, draft_path, defaults = resolve_models(pair, target, draft, registry=existing, use_default=True)
     progress = BenchProgress()
     try:
-        result = measure(target_path, draft_path, prompts, settings, progress=progress)
+        result = measure(target_path, draft_path, prompts, settings, pair=defaults.get("name"), progress=progress)
     finally:
         progress.close()
-    result.pair = defaults.get("name")
     saved = save_best(result, registry) if write else None
     click.echo(to_json({"rows": result.rows, "best": result.best, "flags": result.flags, "gpu": result.gpu,
                         "notes": result.notes, "saved": str(saved) if saved else None})
