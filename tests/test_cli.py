@@ -2,7 +2,7 @@
 
 import os
 
-from clirun import one_line, run
+from clirun import ggufspec, one_line, run, stderr_lines
 import json
 
 import pytest
@@ -49,6 +49,20 @@ def test_not_a_gguf(tmp_path):
     f = tmp_path / "notes.gguf"
     f.write_text("just text")
     one_line(run("generate", "-m", f, "-p", "x"), "notes.gguf", "not a GGUF")
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "-m", "{fifo}", "-p", "x"], ["generate", "-m", "{target}", "-md", "{fifo}", "-p", "x"],
+    ["models", "info", "{fifo}"], ["models", "check", "{target}", "{fifo}"], ["costs", "-m", "{fifo}"],
+    ["bench", "-m", "{target}", "-md", "{fifo}"],
+])
+def test_a_fifo_is_refused_before_anything_opens_it(tiny, tmp_path, command):
+    """Opening a FIFO blocks until something writes to it: a process of its own, so a hang fails the test."""
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    r = ggufspec(*[a.format(fifo=fifo, target=tiny["target"]) for a in command], timeout=60)
+    assert r.returncode == 1 and stderr_lines(r.stderr) == [
+        f"Error: {fifo}: not a regular file (a pipe, socket or device); give the path of a .gguf file"], r.stderr
 
 
 def test_truncated_gguf(tiny, tmp_path):

@@ -90,6 +90,14 @@ def test_a_draft_that_cannot_load_is_one_line(tiny, tmp_path):
     assert [line for line in err.splitlines() if line.startswith("ggufspec.llama_server:")][0].count(str(bad)) == 1
 
 
+def test_a_fifo_as_the_draft_is_one_line_not_a_hang(tiny, tmp_path):
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    proc, port = start("--model", tiny["target"], "--draft_model", fifo, "--n_ctx", 512)
+    assert port is None and proc.returncode == 1
+    assert f"{fifo}: not a regular file" in proc.stderr.read()
+
+
 def test_without_the_servers_extras_it_is_one_line(monkeypatch, capsys):
     from ggufspec import llama_server
 

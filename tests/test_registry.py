@@ -151,3 +151,44 @@ def test_a_pairs_settings_are_checked_when_the_registry_is_read(tmp_path, line, 
     r = CliRunner().invoke(cli, ["models", "list", "--registry", str(reg)])
     assert r.exit_code == 1 and needle in r.stderr and str(reg) in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+MODEL = '[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n'
+PAIR = '[pairs.tp]\ntarget = "t"\ndraft = "t"\n'
+
+
+@pytest.mark.parametrize("text, needle", [
+    (MODEL + "sha256 = 123\n", "[models.t] `sha256` should be a string, not 123"),
+    (MODEL + 'sha256 = "zzzz-not-hex"\n', "[models.t] sha256 = 'zzzz-not-hex' is not 64 hexadecimal digits"),
+    (MODEL + 'sha256 = "' + "a" * 63 + '"\n', "is not 64 hexadecimal digits"),
+    (MODEL + 'n_params = "big"\n', "[models.t] `n_params` should be an integer or a number, not 'big'"),
+    ("[models]\nx = 5\n", "models.x should be a table ([models.x] with repo and file), not 5"),
+    (MODEL + '[pairs.tp]\ntarget = 5\ndraft = "t"\n', "[pairs.tp] `target` should be a string, not 5"),
+    ('pairs = "nope"\n', "`pairs` should be a table ([pairs.NAME] sections), not 'nope'"),
+    ("models = 4\n", "`models` should be a table"),
+    ("default_pair = 3\n", "`default_pair` should be a string, not 3"),
+    (MODEL + PAIR + 'n_gpu_layers = "banana"\n', "[pairs.tp] n_gpu_layers = 'banana' should be a number of layers"),
+    (MODEL + PAIR + "draft_n_gpu_layers = -2\n", "[pairs.tp] draft_n_gpu_layers = -2 should be a number of layers"),
+    (MODEL + PAIR + "n_gpu_layers = true\n", "n_gpu_layers = True should be a number of layers"),
+])
+def test_values_of_the_wrong_type_name_the_file_key_and_type(tmp_path, text, needle):
+    reg = tmp_path / "user.toml"
+    reg.write_text(text)
+    r = CliRunner().invoke(cli, ["models", "list", "--registry", str(reg)])
+    assert r.exit_code == 1 and needle in r.stderr and str(reg) in r.stderr, r.stderr
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_registry_that_is_not_utf8_says_so(tmp_path):
+    reg = tmp_path / "user.toml"
+    reg.write_bytes(b'[models.t]\nrepo = "caf\xe9"\n')
+    with pytest.raises(GGUFSpecError, match=r"user.toml: not UTF-8 text \(byte 22\); save the registry as UTF-8"):
+        load_registry(reg)
+
+
+def test_good_values_still_load(tmp_path):
+    reg = tmp_path / "user.toml"
+    reg.write_text(MODEL + 'sha256 = "' + "AB" * 32 + '"\nn_params = 1.5\n' + PAIR + 'n_gpu_layers = "all"\ndraft_n_gpu_layers = 0\n')
+    r = load_registry(reg)
+    assert r.model("t").sha256 == "ab" * 32 and r.pair("tp").n_gpu_layers == "all" and r.pair("tp").draft_n_gpu_layers == 0

@@ -38,7 +38,7 @@ def models_list(registry, as_json):
 @click.option("--offline", is_flag=True, help="Only check the local copies; never download.")
 @user_errors
 def models_pull(name, mirror, registry, offline):
-    """Download a pair or a model (Hub cache, resumable, checksum-verified).
+    """Download a pair or a model (Hub cache, checksum-verified).
 
     \b
     Example:

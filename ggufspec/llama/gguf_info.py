@@ -70,6 +70,8 @@ def check_file(path: str | os.PathLike) -> Path:
         raise GGUFSpecError(f"{p}: no such file; give the path of a .gguf model or a name from models.toml")
     if p.is_dir():
         raise GGUFSpecError(f"{p}: is a directory, not a .gguf file")
+    if not p.is_file():  # a FIFO would block the open below until something writes to it
+        raise GGUFSpecError(f"{p}: not a regular file (a pipe, socket or device); give the path of a .gguf file")
     try:
         with open(p, "rb") as f:
             magic = f.read(4)

@@ -2,9 +2,12 @@
 
 Resolution order for a registry model: the models directory ($GGUFSPEC_MODELS_DIR, where the
 offline mirror puts files), then the Hub cache (local_files_only), then a download with
-hf_hub_download (progress bar on stderr, resume of an interrupted download, the usual cache,
+hf_hub_download (progress bar on stderr; a dropped connection resumed with a Range request within the
+run, a killed run starts over and its leftover is removed; the usual cache,
 $HF_TOKEN for gated repositories). Offline mode ($HF_HUB_OFFLINE=1 or --offline) never downloads.
-A file whose sha256 differs from the registry's is deleted, and the user is told.
+A file whose sha256 differs from the registry's is refused, and the user is told; only a file this
+module has just downloaded is deleted for it (its blob and snapshot link in the Hub cache), never a
+file that was already there, never through a link that points out of the cache.
 """
 
 from __future__ import annotations
@@ -65,25 +68,25 @@ def verified_sha256(path: Path) -> str:
 
 
 def check_sha256(path: Path, expected: str | None, what: str) -> None:
-    """Raise (after deleting the file) if its sha256 is not the expected one."""
+    """Raise if the file's sha256 is not the expected one; the file is left as it is."""
     if not expected:
         return
     actual = verified_sha256(path)
     if actual != expected.lower():
-        _delete(path)
         raise GGUFSpecError(
-            f"{what}: checksum mismatch for {path.name} (sha256 {actual[:16]}…, expected {expected[:16]}…); "
-            "the bad file was deleted, download it again"
+            f"{what}: checksum mismatch for {path} (sha256 {actual[:16]}…, models.toml says {expected[:16]}…); "
+            "the file was left as it is: correct `sha256` in models.toml, or delete the file and pull it again"
         )
 
 
-def _delete(path: Path) -> None:
+def _delete_download(path: Path) -> None:
+    """Remove a file hf_hub_download has just written: its snapshot link and the blob it points to, and
+    only inside the Hub cache."""
+    cache = hub_cache_dir().resolve()
     real = path.resolve()
-    for p in {path, real, stamp_path(path), stamp_path(real)}:
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
+    for p in (path, stamp_path(path), real, stamp_path(real)):
+        if p.resolve().is_relative_to(cache) or p.parent.resolve().is_relative_to(cache):
+            p.unlink(missing_ok=True)
 
 
 def local_path(spec: ModelSpec) -> Path | None:
@@ -122,7 +125,8 @@ def ensure_model(spec: ModelSpec, *, offline: bool = False, endpoint: str | None
 
 
 def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = True) -> Path:
-    """hf_hub_download into the Hub cache (resumable; atomic: an interrupted download never looks complete)."""
+    """hf_hub_download into the Hub cache (a dropped connection is resumed within the run; atomic: an
+    interrupted download never looks complete)."""
     import huggingface_hub
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
@@ -130,7 +134,11 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
 
     if not progress:
         huggingface_hub.utils.disable_progress_bars()
+    huggingface_hub.utils.logging.set_verbosity_error()  # its retry lines: the one line below says what happened
     where = f"{spec.repo}/{spec.file}"
+    _check_cache_dirs()
+    _clear_orphans(spec)
+    again = "nothing partial was kept; run the command again"
     try:
         path = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision, endpoint=endpoint,
                                     cache_dir=hub_cache_dir()))
@@ -140,18 +148,48 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
         raise GGUFSpecError(f"{where}: repository not found (or private: set HF_TOKEN)") from None
     except RevisionNotFoundError:
         raise GGUFSpecError(f"{where}: revision {spec.revision!r} not found") from None
+    except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: first
+        hub = endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        raise GGUFSpecError(f"{where}: the Hub ({hub}) cannot be reached and the file is not cached; "
+                            "check the network or HF_ENDPOINT, or use --offline with a local copy") from None
     except EntryNotFoundError:
         raise GGUFSpecError(f"{where}: no such file in the repository; check `file` in models.toml") from None
-    except LocalEntryNotFoundError:
-        raise GGUFSpecError(f"{where}: the Hub cannot be reached and the file is not cached; check the network or HF_ENDPOINT") from None
     except HfHubHTTPError as e:
-        raise GGUFSpecError(f"{where}: download failed ({_first_line(e)}); run the command again to resume") from None
+        raise GGUFSpecError(f"{where}: download failed ({_first_line(e)}); {again}") from None
     except OSError as e:  # connection reset, disk full...
-        raise GGUFSpecError(f"{where}: download failed ({type(e).__name__}: {_first_line(e)}); run the command again to resume") from None
+        raise GGUFSpecError(f"{where}: download failed ({type(e).__name__}: {_first_line(e)}); {again}") from None
     except Exception as e:  # httpx transport errors and the like
-        raise GGUFSpecError(f"{where}: download failed ({type(e).__name__}: {_first_line(e)}); run the command again to resume") from None
-    check_sha256(path, spec.sha256, spec.name)
+        raise GGUFSpecError(f"{where}: download failed ({type(e).__name__}: {_first_line(e)}); {again}") from None
+    try:
+        check_sha256(path, spec.sha256, spec.name)
+    except GGUFSpecError:
+        _delete_download(path)
+        raise GGUFSpecError(f"{spec.name}: checksum mismatch for the file just downloaded from {where} "
+                            f"(expected sha256 {spec.sha256[:16]}…); it was deleted: check `sha256` in models.toml") from None
     return path
+
+
+def _check_cache_dirs() -> None:
+    """HF_HOME and HF_HUB_CACHE must name directories (or nothing yet)."""
+    for var in ("HF_HOME", "HF_HUB_CACHE"):
+        value = os.environ.get(var)
+        if value and os.path.exists(value) and not os.path.isdir(value):
+            raise GGUFSpecError(f"{var}={value} is not a directory; point it at a folder for the Hub cache")
+
+
+def _clear_orphans(spec: ModelSpec) -> None:
+    """Partial downloads that no process holds any more (a download killed outright leaves its
+    process-unique `<etag>.<id>.incomplete` behind; nobody can resume it): deleted before a new one."""
+    from filelock import FileLock, Timeout
+
+    folder = hub_cache_dir() / ("models--" + spec.repo.replace("/", "--"))
+    for orphan in (folder / "blobs").glob("*.*.incomplete"):
+        lock = hub_cache_dir() / ".locks" / folder.name / (orphan.name.split(".")[0] + ".lock")
+        try:
+            with FileLock(lock, timeout=0):
+                orphan.unlink(missing_ok=True)
+        except (Timeout, OSError):
+            pass  # another process is downloading it now
 
 
 def _first_line(e: Exception) -> str:

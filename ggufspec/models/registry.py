@@ -127,6 +127,10 @@ def _load_toml(path: Path) -> dict:
         raise GGUFSpecError(f"{path}: registry file not found") from None
     except tomllib.TOMLDecodeError as e:
         raise GGUFSpecError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise GGUFSpecError(f"{path}: not UTF-8 text (byte {e.start}); save the registry as UTF-8") from None
+    except OSError as e:
+        raise GGUFSpecError(f"{path}: cannot read the registry ({e.strerror})") from None
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -134,6 +138,28 @@ def _merge(base: dict, extra: dict) -> dict:
     for key, value in extra.items():
         out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "a table"}
+
+
+def _typed(d: dict, key: str, kind, where: str, section: str, default=None):
+    """d[key] if it is of `kind` (a type or tuple of types; a bool is no number), else one line naming the
+    file, the table, the key and the type it should be."""
+    value = d.get(key, default)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if value is None or (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
+        return value
+    expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+    raise GGUFSpecError(f"{where}: {f'[{section}] ' if section else ''}`{key}` should be {expected}, not {value!r}")
+
+
+def _sha256(d: dict, where: str, section: str) -> str | None:
+    value = _typed(d, "sha256", str, where, section)
+    if value and (len(value) != 64 or any(c not in "0123456789abcdefABCDEF" for c in value)):
+        raise GGUFSpecError(f"{where}: [{section}] sha256 = {value!r} is not 64 hexadecimal digits; "
+                            "copy it from the file's page on the Hub, or leave it out")
+    return value.lower() if value else None
 
 
 def _safe_filename(path: str, entry: str, where: str) -> str:
@@ -144,6 +170,9 @@ def _safe_filename(path: str, entry: str, where: str) -> str:
 
 
 def _model(name: str, d: dict, where: str) -> ModelSpec:
+    if not isinstance(d, dict):
+        raise GGUFSpecError(f"{where}: models.{name} should be a table ([models.{name}] with repo and file), not {d!r}")
+
     def need(key, kind):
         if key not in d:
             raise GGUFSpecError(f"{where}: [models.{name}] lacks `{key}`")
@@ -158,7 +187,8 @@ def _model(name: str, d: dict, where: str) -> ModelSpec:
             if m.get("source") == "quantize":
                 mirror = Derived("quantize", str(m["from"]), str(d.get("quant") or m["quant"]))
             else:
-                mirror = Mirror(m["source"], m["package"], int(m["parts"]), str(m["version"]), m["sha256"].lower(), m.get("size"))
+                mirror = Mirror(m["source"], m["package"], int(m["parts"]), str(m["version"]),
+                                _sha256(m, where, f"models.{name}.mirror"), m.get("size"))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise GGUFSpecError(f"{where}: [models.{name}.mirror] is incomplete or malformed ({e})") from None
     n_layers = d.get("n_layers")
@@ -167,15 +197,28 @@ def _model(name: str, d: dict, where: str) -> ModelSpec:
     shape = d.get("shape", {})
     if not isinstance(shape, dict) or not all(isinstance(v, int) and v > 0 for v in shape.values()):
         raise GGUFSpecError(f"{where}: [models.{name}] shape should be a table of positive integers, not {shape!r}")
-    return ModelSpec(name, need("repo", str), _safe_filename(need("file", str), name, where), d.get("quant", ""),
-                     n_layers, d.get("n_params"), (d.get("sha256") or None) and d["sha256"].lower(), d.get("revision"),
-                     mirror, d.get("size") or (mirror.size if mirror else None), shape)
+    section = f"models.{name}"
+    size = _typed(d, "size", int, where, section)
+    return ModelSpec(name, need("repo", str), _safe_filename(need("file", str), name, where),
+                     _typed(d, "quant", str, where, section, ""), n_layers,
+                     _typed(d, "n_params", (int, float), where, section), _sha256(d, where, section),
+                     _typed(d, "revision", str, where, section), mirror, size or (mirror.size if mirror else None), shape)
+
+
+def _layers(d: dict, key: str, where: str, section: str):
+    value = d.get(key)
+    if value is None or value in ("all", "auto") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise GGUFSpecError(f"{where}: [{section}] {key} = {value!r} should be a number of layers (0 or more), \"all\" or \"auto\"")
 
 
 def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
+    if not isinstance(d, dict):
+        raise GGUFSpecError(f"{where}: pairs.{name} should be a table ([pairs.{name}] with target and draft), not {d!r}")
     for key in ("target", "draft"):
         if key not in d:
             raise GGUFSpecError(f"{where}: [pairs.{name}] lacks `{key}`")
+        _typed(d, key, str, where, f"pairs.{name}")
         if d[key] not in models and not d[key].endswith(".gguf"):
             raise GGUFSpecError(f"{where}: [pairs.{name}] {key} = {d[key]!r} is not a model in the registry")
     settings = {k: d[k] for k in PAIR_SETTING_KEYS if k in d}
@@ -183,8 +226,9 @@ def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
         GenerationSettings(**settings).validate()
     except GGUFSpecError as e:
         raise GGUFSpecError(f"{where}: [pairs.{name}] {e}") from None
-    return PairSpec(name, d["target"], d["draft"], d.get("note", ""), settings,
-                    d.get("n_gpu_layers"), d.get("draft_n_gpu_layers"))
+    section = f"pairs.{name}"
+    return PairSpec(name, d["target"], d["draft"], _typed(d, "note", str, where, section, ""), settings,
+                    _layers(d, "n_gpu_layers", where, section), _layers(d, "draft_n_gpu_layers", where, section))
 
 
 def user_registry_paths(explicit: str | os.PathLike | None = None) -> list[Path]:
@@ -208,9 +252,12 @@ def load_registry(explicit: str | os.PathLike | None = None, *, builtin: Path = 
         data = _merge(data, _load_toml(path))
         sources.append(str(path))
     where = " + ".join(sources) if len(sources) > 1 else sources[0]
+    for table in ("models", "pairs"):
+        if not isinstance(data.get(table, {}), dict):
+            raise GGUFSpecError(f"{where}: `{table}` should be a table ([{table}.NAME] sections), not {data[table]!r}")
     models = {name: _model(name, d, where) for name, d in data.get("models", {}).items()}
     pairs = {name: _pair(name, d, where, models) for name, d in data.get("pairs", {}).items()}
-    default = data.get("default_pair")
+    default = _typed(data, "default_pair", str, where, "")
     if default is not None and default not in pairs:
         raise GGUFSpecError(f"{where}: default_pair = {default!r} is not a pair in the registry")
     return Registry(models, pairs, default, tuple(sources))

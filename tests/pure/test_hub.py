@@ -54,14 +54,14 @@ def test_broken_connection_mid_file_resumes_with_a_range_request(fake):
 
 def test_failed_download_leaves_no_partial_file(fake):
     fake.drop_every_get = True
-    with pytest.raises(GGUFSpecError, match="download failed"):
+    with pytest.raises(GGUFSpecError, match="download failed .*; nothing partial was kept; run the command again"):
         hub.download(spec(), endpoint=fake.url, progress=False)
     data = [p for p in cache_files() if "blobs" in p.parts or "snapshots" in p.parts or p.name.endswith(".incomplete")]
     assert not data, data  # no blob, no snapshot entry, no partial download
 
 
-def test_checksum_mismatch_deletes_the_file(fake):
-    with pytest.raises(GGUFSpecError, match="checksum mismatch.*deleted"):
+def test_checksum_mismatch_deletes_the_file_just_downloaded(fake):
+    with pytest.raises(GGUFSpecError, match="checksum mismatch for the file just downloaded from acme/tiny-GGUF/tiny-q8_0.gguf .*it was deleted"):
         hub.download(spec("0" * 64), endpoint=fake.url, progress=False)
     assert not [p for p in cache_files() if "blobs" in p.parts or "snapshots" in p.parts]
 
@@ -88,9 +88,70 @@ def test_models_dir_copy_wins_and_is_checked(tiny):
     d.mkdir(parents=True)
     (d / FILE).write_bytes(Path(tiny["target"]).read_bytes())
     assert hub.ensure_model(spec(), offline=True) == d / FILE
+    with pytest.raises(GGUFSpecError, match="checksum mismatch .*the file was left as it is: correct `sha256` in models.toml"):
+        hub.ensure_model(spec("f" * 64), offline=True)
+    assert (d / FILE).exists()  # the user's own file: never deleted for a mismatch
+
+
+def test_a_mismatch_through_a_link_never_deletes_the_file_it_points_to(tiny, tmp_path):
+    """The models directory may hold links to the user's files elsewhere: a wrong sha256 leaves both."""
+    real = tmp_path / "elsewhere" / "mine.gguf"
+    real.parent.mkdir()
+    real.write_bytes(Path(tiny["target"]).read_bytes())
+    d = Path(os.environ["GGUFSPEC_MODELS_DIR"])
+    d.mkdir(parents=True)
+    (d / FILE).symlink_to(real)
     with pytest.raises(GGUFSpecError, match="checksum mismatch"):
         hub.ensure_model(spec("f" * 64), offline=True)
-    assert not (d / FILE).exists()
+    assert real.exists() and (d / FILE).is_symlink()
+
+
+def test_a_cached_copy_with_a_stale_checksum_is_kept_and_named(fake):
+    path = hub.download(spec(), endpoint=fake.url, progress=False)
+    with pytest.raises(GGUFSpecError, match=f"checksum mismatch for {path} "):
+        hub.ensure_model(spec("e" * 64), offline=True)
+    assert path.exists()
+
+
+@pytest.mark.slow  # huggingface_hub retries five times over 23 s before it gives up
+def test_an_unreachable_hub_is_one_line_that_says_so(tmp_path):
+    from clirun import free_port
+
+    reg = tmp_path / "models.toml"
+    reg.write_text(f'[models.tiny-remote]\nrepo = "{REPO}"\nfile = "{FILE}"\n')
+    env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    out = subprocess.run([sys.executable, "-m", "ggufspec", "models", "pull", "tiny-remote", "--registry", str(reg)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines() == [f"Error: {REPO}/{FILE}: the Hub ({env['HF_ENDPOINT']}) cannot be reached and the "
+                                       "file is not cached; check the network or HF_ENDPOINT, or use --offline with a local copy"]
+
+
+def test_hf_home_that_is_a_file_is_named(fake, tmp_path, monkeypatch):
+    (tmp_path / "hf").write_text("")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(GGUFSpecError, match=r"^HF_HOME=.*/hf is not a directory; point it at a folder for the Hub cache$"):
+        hub.download(spec(), endpoint=fake.url, progress=False)
+
+
+def test_a_killed_downloads_leftover_is_removed_and_nothing_promises_a_resume(fake):
+    """huggingface_hub downloads into a file unique to the process: a run killed outright leaves it, and no
+    later run can resume it. The next download removes it; a failed one keeps nothing and says so."""
+    path = hub.download(spec(), endpoint=fake.url, progress=False)
+    blobs = path.resolve().parent
+    orphan = blobs / "0123abcd.1a2b3c4d.incomplete"
+    orphan.write_bytes(b"half")
+    old_style = blobs / "4567.incomplete"  # an older huggingface_hub resumes these: left alone
+    old_style.write_bytes(b"half")
+    path.unlink()
+    path.resolve().unlink(missing_ok=True)
+    hub.download(spec(), endpoint=fake.url, progress=False)
+    assert not orphan.exists() and old_style.exists()
+    fake.files[(REPO, "other.gguf")] = os.urandom(1000)
+    fake.drop_every_get = True
+    with pytest.raises(GGUFSpecError, match="download failed") as e:
+        hub.download(spec(file="other.gguf"), endpoint=fake.url, progress=False)
+    assert "resume" not in str(e.value) and list(blobs.glob("*.incomplete")) == [old_style]
 
 
 def test_cli_pull_through_hf_endpoint(fake, tmp_path):
