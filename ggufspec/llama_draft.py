@@ -129,7 +129,10 @@ class GGUFDraftModel(LlamaDraftModel):
             self._observe(history)
         else:
             self._start(history)
-        n = self.verification.exact_draft_max(len(history), self.num_pred_tokens)
+        # Llama evaluates [last] + the proposal after len(history) - 1 tokens into its input_ids, sized by
+        # the n_ctx it was given (llama.cpp may round its context up): never propose past that room
+        room = max(0, _room(self._attached) - len(history))
+        n = min(room, self.verification.exact_draft_max(len(history), self.num_pred_tokens))
         draft = self.drafter.propose(history, n, GREEDY, self._rng) if n else Draft(tokens=[], source=self.mode)
         self._history, self._pending = history, draft
         self.stats["calls"] += 1
@@ -176,6 +179,12 @@ class GGUFDraftModel(LlamaDraftModel):
 
     def __del__(self):
         self.close()
+
+
+def _room(llama) -> int:
+    """How many tokens the Llama can hold: its input_ids' length (what it was given as n_ctx)."""
+    ids = getattr(llama, "input_ids", None)
+    return len(ids) if isinstance(ids, np.ndarray) else int(getattr(llama, "_n_ctx", 0))
 
 
 def _make_room_for_logits(llama) -> None:

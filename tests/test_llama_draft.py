@@ -206,3 +206,33 @@ def test_a_closed_draft_says_so_instead_of_crashing(tiny):
     draft.close()
     with pytest.raises(GGUFSpecError, match="this draft was closed"):
         llm.create_completion("hello", max_tokens=8, temperature=0)
+
+
+@pytest.mark.parametrize("mode", ["draft", "lookup"])
+def test_drafts_never_run_past_the_room_the_llama_has(tiny, mode):
+    """Llama(n_ctx=100) keeps its tokens in an array of 100 (llama.cpp rounds the context up to 256): a
+    proposal past it broke Llama's eval ("could not broadcast ... (5,) into (1,)"). Past 100 tokens the
+    draft proposes nothing and the text is Llama's alone."""
+    plain = Llama(model_path=str(tiny["target"]), n_ctx=100, verbose=False)
+    alone = plain.create_completion("hello", max_tokens=150, temperature=0, logit_bias=NO_EOS)
+    draft = GGUFDraftModel(tiny["close"] if mode == "draft" else None, mode=mode)
+    llm = Llama(model_path=str(tiny["target"]), n_ctx=100, draft_model=draft, verbose=False)
+    draft.attach(llm)
+    spec = llm.create_completion("hello", max_tokens=150, temperature=0, logit_bias=NO_EOS)
+    assert spec["usage"]["completion_tokens"] == alone["usage"]["completion_tokens"] == 150
+    assert spec["choices"][0]["text"] == alone["choices"][0]["text"]
+    assert mode == "lookup" or draft.stats["drafted"] > 0
+    draft.close()
+
+
+def test_a_draft_file_removed_after_loading_still_attaches(tiny, tmp_path):
+    """The weights are loaded (mapped) already; the cost cache names the file by what it was when loaded."""
+    import shutil
+
+    copy = tmp_path / "draft.gguf"
+    shutil.copy(tiny["close"], copy)
+    draft = GGUFDraftModel(copy, mode="draft")
+    copy.unlink()
+    llm = llama(tiny["target"], draft)
+    assert llm.create_completion("hello", max_tokens=8, temperature=0, logit_bias=NO_EOS)["usage"]["completion_tokens"] == 8
+    draft.close()

@@ -70,3 +70,97 @@ def test_a_full_disk_leaves_no_temporary_cost_file(tiny, monkeypatch):
     costs._save_cache({"k": {"token_seconds": 1.0}})
     monkeypatch.undo()
     assert not list(costs_file().parent.glob("*.tmp"))
+
+
+def measured(tiny, n_ctx=128, **kw):
+    """costs_for on the tiny target in a context of n_ctx: (Costs, how many times its table was measured)."""
+    from ggufspec.llama import measure
+    from ggufspec.llama.backend import Context, Model
+
+    calls = []
+    real = measure.measure_target
+
+    def counting(ctx, *a, **k):
+        calls.append(ctx.n_ctx)
+        return real(ctx, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(measure, "measure_target", counting)
+        with Model(tiny["target"]) as model, Context(model, n_ctx=n_ctx) as ctx:
+            return measure.costs_for(ctx, **kw), len(calls)
+
+
+def test_a_table_measured_in_a_small_context_is_measured_again_in_a_larger_one(tiny):
+    small, n = measured(tiny, n_ctx=20)
+    assert len(small.target_batch_seconds) == 4 and n == 1  # -c 20: room for batches of 4
+    large, n = measured(tiny, n_ctx=4096)
+    assert len(large.target_batch_seconds) == 64 and n == 1  # not the 4-row table: measured again
+    again, n = measured(tiny, n_ctx=20)
+    assert n == 0 and len(again.target_batch_seconds) == 64  # the larger table serves the smaller context
+    assert measured(tiny, n_ctx=4096)[1] == 0
+
+
+def test_entries_written_by_another_process_while_measuring_are_kept(tiny, monkeypatch):
+    """Two `ggufspec costs --refresh` at once: the cache's writers merge under a lock instead of each
+    writing back what it read before measuring."""
+    from ggufspec.llama import measure
+
+    real = measure.measure_target
+
+    def meanwhile(ctx, *a, **k):
+        measure._update_cache({"another model|draft": {"token_seconds": 0.5}})  # another process saves first
+        return real(ctx, *a, **k)
+
+    monkeypatch.setattr(measure, "measure_target", meanwhile)
+    measured(tiny, refresh=True)
+    cache = measure.load_cache()
+    assert "another model|draft" in cache and any(k.startswith(str(Path(tiny["target"]).resolve())) for k in cache)
+
+
+def test_concurrent_refreshes_of_two_models_keep_both(tiny):
+    import subprocess
+    import sys
+
+    from ggufspec.llama import measure
+
+    procs = [subprocess.Popen([sys.executable, "-m", "ggufspec", "costs", "-m", tiny[name], "--refresh"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for name in ("target", "close")]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    files = {k.split("|")[0] for k in measure.load_cache()}
+    assert {str(Path(tiny["target"]).resolve()), str(Path(tiny["close"]).resolve())} <= files
+
+
+@pytest.mark.parametrize("stays_erratic", [False, True])
+def test_a_table_that_does_not_add_up_is_measured_again_and_never_cached(tiny, monkeypatch, capfd, stays_erratic):
+    """A loaded machine: one token timed at 156 ms, two at 0.27 ms. Such a table would make every later
+    footer say "a batch of 4 costs 0.00 steps"; it is measured again, and if it stays so, not cached."""
+    from ggufspec.llama import measure
+
+    real, tables = measure.measure_target, []
+
+    def busy(ctx, *a, **k):
+        seconds, exact, kv = real(ctx, *a, **k)
+        if stays_erratic or not tables:
+            seconds = [0.156] + [0.00027] * (len(seconds) - 1)
+        tables.append(seconds)
+        return seconds, exact, kv
+
+    monkeypatch.setattr(measure, "measure_target", busy)
+    costs, _ = measured(tiny)
+    err = capfd.readouterr().err
+    assert "the measured decode times do not add up (one token 156.00 ms" in err and "measuring again" in err
+    cached = [v for k, v in measure.load_cache().items() if not k.endswith("|draft")]
+    if stays_erratic:
+        assert len(tables) == 3 and "stayed erratic; used for this run, not cached" in err and cached == []
+    else:
+        assert len(tables) == 2 and cached[0]["target_batch_seconds"] == tables[1] == costs.target_batch_seconds
+        assert measure.sane(costs.target_batch_seconds, costs.target_batch_seconds[0])
+
+
+def test_sanity_of_a_table():
+    from ggufspec.llama.measure import sane
+
+    assert sane([1.0, 1.1, 1.9, 2.0], 1.2) and sane([1.0, 0.9, 1.0], 0.6)
+    assert not sane([0.156, 0.00027, 0.0003], 0.0003)  # a batch far cheaper than one token
+    assert not sane([1.0, 2.0, 0.9, 4.0], 1.0)  # far cheaper than a smaller batch
+    assert not sane([1.0, 2.0], 3.0) and not sane([1.0, 2.0], 0.4)  # the step timed again is another time

@@ -78,12 +78,22 @@ class VocabFacts:
         return C.llama_vocab_get_text(self._vocab, token) or b""
 
 
+def file_stamp(path: Path) -> str:
+    """size|mtime of a model file as it is loaded: what names its measured costs (it may be removed later)."""
+    try:
+        st = path.stat()
+        return f"{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        return "?|?"
+
+
 class LlamaModel(VocabFacts):
     """The model of a `llama_cpp.Llama`, borrowed (freed with the Llama): its vocabulary for GGUFDraftModel's
     checks, and what names its costs in the cache (file, offload, the context settings that change them)."""
 
     def __init__(self, llama):
         self.path = Path(getattr(llama, "model_path", "the Llama's model"))
+        self.stamp = file_stamp(self.path)
         self._read_vocab(llama._model.vocab)
         self.n_gpu_layers = int(llama.model_params.n_gpu_layers)
         cp = llama.context_params
@@ -100,6 +110,7 @@ class Model(VocabFacts, Closing):
         self.path = Path(path)
         self.role = role
         self.info = read_info(self.path)  # one clear line for missing, non-GGUF or truncated files
+        self.stamp = file_stamp(self.path)
         problem = amx.problem(self.info)
         self.avoids_amx = bool(problem) if avoid_amx is None else avoid_amx
         if n_gpu_layers != 0 and not supports_gpu_offload():

@@ -6,6 +6,13 @@ directory: target decode time for batches of 1..16 tokens and of the longer size
 and the largest batch whose logits equal one-token decoding bit for bit. The machine is named
 by its CPU, the features this llama.cpp build uses, its devices and its version, so a cache
 shared between machines (an NFS home, a copied image) never hands one machine another's costs.
+
+A table serves a context only if it reaches as far as that context can use (its rows and the KV
+lengths checked for exactness): one measured in a small context is measured again in a larger one.
+A table that does not make sense (a batch of more tokens far cheaper than one of fewer, a one-token
+step that takes another time when timed again: a machine busy with something else) is measured
+again, and one that stays so is used for this run only, not cached. Writers of the cache take a lock
+and merge into what is there now, so two processes measuring at once both keep their entries.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import time
 import numpy as np
 
 from .backend import Context, machine
+from .runtime import warn_once
 from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs
 from ..paths import costs_file
 
@@ -106,10 +114,46 @@ _FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}"
 
 
 def _key(ctx: Context) -> str:
-    m = ctx.model
-    st = m.path.stat()
-    return (f"{m.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}"
+    m = ctx.model  # m.stamp: the file's size|mtime when it was loaded (it may be gone since)
+    return (f"{m.path.resolve()}|{m.stamp}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}"
             f"|{_FORMAT}|machine {machine()['id']}")
+
+
+def reach(ctx: Context) -> tuple[int, int]:
+    """How far a table for this context must go: (batch sizes, the KV length exactness is checked to)."""
+    return max(1, min(MAX_BATCH, ctx.n_batch, ctx.n_ctx - 16)), min(ctx.n_ctx, LONG_KV)
+
+
+def serves(entry: dict, ctx: Context) -> bool:
+    """Whether a valid cached table reaches as far as this context can use."""
+    rows, kv = reach(ctx)
+    return len(entry["target_batch_seconds"]) >= rows and entry.get("kv_reach", 0) >= kv
+
+
+def sane(seconds: list[float], again: float) -> bool:
+    """No batch far cheaper than a smaller one, and the one-token step as long when timed again (within 2x)."""
+    most = 0.0
+    for s in seconds:
+        if s < 0.5 * most:
+            return False
+        most = max(most, s)
+    return 0.5 <= again / seconds[0] <= 2.0
+
+
+def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
+    """A target entry for the cache, and whether it made sense (measured up to `tries` times until it does)."""
+    for attempt in range(tries):
+        seconds, exact, exact_kv = measure_target(ctx, reach(ctx)[0])
+        again = measure_draft_step(ctx, n=3, repeats=2)  # the one-token step, timed afresh
+        if sane(seconds, again):
+            break
+        warn_once(f"ggufspec: {ctx.model.path.name}: the measured decode times do not add up (one token "
+                  f"{seconds[0] * 1e3:.2f} ms, then {again * 1e3:.2f} ms; a busy machine?): measuring again")
+    else:
+        warn_once(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
+    entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "kv_reach": reach(ctx)[1],
+             "machine": machine()["summary"]}
+    return entry, attempt < tries - 1 or sane(seconds, again)
 
 
 def is_current(key: str) -> bool:
@@ -147,6 +191,22 @@ def _save_cache(data: dict) -> None:
             pass
 
 
+def _update_cache(entries: dict) -> None:
+    """Merge new entries into the cache as it is now, under a lock: another process's entries, written
+    while this one measured, are kept."""
+    from filelock import FileLock, Timeout
+
+    if not entries:
+        return
+    path = costs_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(path.with_name(path.name + ".lock"), timeout=60):
+            _save_cache({**load_cache(), **entries})
+    except (OSError, Timeout):  # no cache here: measured again next time
+        pass
+
+
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
@@ -158,7 +218,8 @@ def valid_target_entry(entry) -> bool:
     seconds, exact, kv = entry.get("target_batch_seconds"), entry.get("exact_batch"), entry.get("exact_kv")
     return (isinstance(seconds, list) and len(seconds) >= 1 and all(map(_positive, seconds))
             and isinstance(exact, int) and not isinstance(exact, bool) and exact >= 1
-            and (kv is None or (isinstance(kv, int) and not isinstance(kv, bool) and kv >= 1)))
+            and (kv is None or (isinstance(kv, int) and not isinstance(kv, bool) and kv >= 1))
+            and isinstance(entry.get("kv_reach", 0), int))
 
 
 def valid_draft_entry(entry) -> bool:
@@ -172,20 +233,21 @@ def bad_entries(cache: dict) -> list[str]:
 
 def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False) -> Costs:
     """The costs of this target (and draft), from the cache or measured now."""
-    cache = load_cache()
+    cache, new = load_cache(), {}
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
-    if not valid_target_entry(entry):  # absent, or damaged by hand or by another version: measure again
-        seconds, exact, exact_kv = measure_target(target)
-        entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "machine": machine()["summary"]}
-        cache[tkey] = entry
+    # absent, damaged by hand or by another version, or too short for this context: measure again
+    if not (valid_target_entry(entry) and serves(entry, target)):
+        entry, keep = measure_target_sanely(target)
+        if keep:
+            new[tkey] = entry
     draft_seconds = None
     if draft is not None:
         dkey = _key(draft) + "|draft"
         d = None if refresh else cache.get(dkey)
         if not valid_draft_entry(d):
             d = {"token_seconds": measure_draft_step(draft), "machine": machine()["summary"]}
-            cache[dkey] = d
+            new[dkey] = d
         draft_seconds = d["token_seconds"]
-    _save_cache(cache)
+    _update_cache(new)
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"))
