@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .backend import Context, machine
-from .runtime import warn_once
+from .runtime import warn
 from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs
 from ..paths import costs_file
 
@@ -147,10 +147,10 @@ def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
         again = measure_draft_step(ctx, n=3, repeats=2)  # the one-token step, timed afresh
         if sane(seconds, again):
             break
-        warn_once(f"ggufspec: {ctx.model.path.name}: the measured decode times do not add up (one token "
+        warn(f"ggufspec: {ctx.model.path.name}: the measured decode times do not add up (one token "
                   f"{seconds[0] * 1e3:.2f} ms, then {again * 1e3:.2f} ms; a busy machine?): measuring again")
     else:
-        warn_once(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
+        warn(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
     entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "kv_reach": reach(ctx)[1],
              "machine": machine()["summary"]}
     return entry, attempt < tries - 1 or sane(seconds, again)

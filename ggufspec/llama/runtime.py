@@ -100,10 +100,15 @@ def load_model(path: str, params) -> tuple[int | None, list[str]]:
     return model, log
 
 
+def warn(message: str) -> None:
+    """One line on stderr about something the user should know (the CLI's errors are its own)."""
+    print(message, file=sys.stderr)
+
+
 def warn_once(message: str) -> None:
     if message not in RUNTIME.warned:
         RUNTIME.warned.add(message)
-        print(message, file=sys.stderr)
+        warn(message)
 
 
 def set_verbose(verbose: bool) -> None:
