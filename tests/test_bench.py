@@ -250,9 +250,14 @@ def test_bench_save_outputs_on_a_full_disk_keeps_the_table(tiny, tmp_path, monke
     assert bench  # (imported for the module under test)
 
 
-def test_sigterm_during_bench_keeps_the_finished_rows(tiny):
+@pytest.mark.parametrize("signum, said", [(signal.SIGTERM, "terminated"), (signal.SIGHUP, "hung up")])
+def test_sigterm_or_sighup_during_bench_keeps_the_finished_rows(tiny, tmp_path, signum, said):
+    """SIGTERM (`timeout`, a service manager) and SIGHUP (the terminal or ssh session closed): the finished
+    rows are printed and the texts saved, as after Ctrl-C."""
+    outputs = tmp_path / "texts"
     proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "bench", "-m", str(tiny["target"]), "--modes",
-                             "target,lookup", "-n", "16", "--repeats", "2000", "--suite", "code", "--limit", "1"],
+                             "target,lookup", "-n", "16", "--repeats", "2000", "--suite", "code", "--limit", "1",
+                             "--save-outputs", str(outputs)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
     seen, deadline = b"", time.monotonic() + TIMEOUT
     while b"bench 6/" not in seen and time.monotonic() < deadline:  # the progress line: counted runs finished
@@ -261,10 +266,11 @@ def test_sigterm_during_bench_keeps_the_finished_rows(tiny):
             break
         seen += chunk
     assert b"bench 6/" in seen, seen.decode()
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=TIMEOUT)
     err = (seen + err).decode()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "terminated: showing the finished runs" in err
+    assert proc.returncode == 128 + signum, err
+    assert f"{said}: showing the finished runs" in err
     out = out.decode()
     assert "target" in out and "lookup" in out and "tok/s" in out
+    assert sorted(p.name for p in outputs.iterdir()), "no text was saved"

@@ -65,6 +65,23 @@ def test_a_fifo_is_refused_before_anything_opens_it(tiny, tmp_path, command):
         f"Error: {fifo}: not a regular file (a pipe, socket or device); give the path of a .gguf file"], r.stderr
 
 
+def test_bytes_that_are_not_utf8_on_the_command_line_are_run_as_given(tiny, tmp_path):
+    """Linux hands a program bytes: a file name or a prompt in Latin-1 is valid input (Python holds such bytes
+    as surrogates; llama.cpp gets them back as they were)."""
+    name = tmp_path / os.fsdecode(b"caf\xe9.gguf")
+    name.write_bytes(open(tiny["target"], "rb").read())
+    prompt = os.fsdecode(b"caf\xe9")
+    latin = ggufspec("generate", "-m", name, "-p", prompt, "-n", 3, "--json", errors="surrogateescape")
+    assert latin.returncode == 0, latin.stderr
+    utf8 = ggufspec("generate", "-m", tiny["target"], "-p", "caf\u00e9", "-n", 3, "--json")
+    # the prompt's bytes reached the tokenizer as given: é in Latin-1 is one byte, in UTF-8 two
+    assert json.loads(latin.stdout)["n_prompt"] == json.loads(utf8.stdout)["n_prompt"] - 1
+    info = ggufspec("models", "info", name, errors="surrogateescape")
+    assert info.returncode == 0 and os.fsencode(name.name) in os.fsencode(info.stdout)  # the name's own bytes
+    missing = ggufspec("generate", "-m", tmp_path / os.fsdecode(b"x\xe9.gguf"), "-p", "hi", errors="surrogateescape")
+    assert missing.returncode == 1 and len(stderr_lines(missing.stderr)) == 1 and "no such file" in missing.stderr
+
+
 def test_truncated_gguf(tiny, tmp_path):
     f = tmp_path / "cut.gguf"
     data = open(tiny["target"], "rb").read()

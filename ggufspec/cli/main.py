@@ -24,23 +24,33 @@ from .options import int_list, json_option, model_options, sampling_options, spl
 
 @contextlib.contextmanager
 def terminate_as_interrupt():
-    """SIGTERM (what `timeout` and service managers send) stops a run the way Ctrl-C does, so the
-    finished runs are still reported; yields a list that holds the signal once one came."""
+    """SIGTERM (what `timeout` and service managers send) and SIGHUP (a closed terminal or ssh session)
+    stop a run the way Ctrl-C does, so the finished runs are still reported and saved; yields a list
+    that holds the signal once one came."""
     came: list[int] = []
 
     def handler(signum, frame):
         came.append(signum)
         raise KeyboardInterrupt
 
+    stopping = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {s: signal.signal(s, handler) for s in stopping}
     except ValueError:  # not the main thread: leave signals alone
         yield came
         return
     try:
         yield came
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def stopped_by(signals: list[int]) -> tuple[str, int]:
+    """What to say of a run stopped by these signals (none: Ctrl-C), and the exit status a shell expects."""
+    if not signals:
+        return "interrupted", 130
+    return ("hung up" if signals[0] == getattr(signal, "SIGHUP", None) else "terminated"), 128 + signals[0]
 
 
 class OneLineErrors(click.Group):
@@ -190,12 +200,12 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
             result = B.benchmark(load, prompts, settings, by=by, llama_cpp_bin=llama_cpp_bin, outputs_dir=save_outputs,
                                  progress=progress)
     except KeyboardInterrupt:  # before any run finished (while loading): nothing to show
-        click.echo(f"\n{'terminated' if signals else 'interrupted'}", err=True)
-        sys.exit(128 + signal.SIGTERM if signals else 130)
+        click.echo(f"\n{stopped_by(signals)[0]}", err=True)
+        sys.exit(stopped_by(signals)[1])
     finally:
         progress.close()
     if result.interrupted:
-        click.echo(f"{'terminated' if signals else 'interrupted'}: showing the finished runs", err=True)
+        click.echo(f"{stopped_by(signals)[0]}: showing the finished runs", err=True)
     if as_json:
         click.echo(to_json({**result.meta, "rows": result.rows}))
     elif as_csv:
@@ -213,7 +223,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         click.echo(f"Error: {result.meta['outputs_error']}", err=True)
         sys.exit(1)
     if result.interrupted:
-        sys.exit(128 + signal.SIGTERM if signals else 130)
+        sys.exit(stopped_by(signals)[1])
 
 
 cli.add_command(models)

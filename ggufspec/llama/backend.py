@@ -158,7 +158,7 @@ class Model(VocabFacts, Closing):
     def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text to token ids the way llama.cpp's tools do (BOS if the model wants it, special tokens parsed).
         Bytes are tokenized as they are, as llama.cpp does with a prompt file in any encoding."""
-        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")  # argv's bytes, as given
         n_max = len(data) + 8
         buf = (C.llama_token * n_max)()
         n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)

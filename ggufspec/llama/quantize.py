@@ -42,7 +42,7 @@ def quantize(base: Path, dest: Path, quant: str, *, threads: int | None = None) 
     params.allow_requantize = True  # the base is itself quantized
     params.nthread = threads or os.cpu_count() or 1
     try:
-        rc = llama_cpp.llama_model_quantize(str(base).encode(), str(partial).encode(), params)
+        rc = llama_cpp.llama_model_quantize(os.fsencode(base), os.fsencode(partial), params)
         if rc != 0:
             raise GGUFSpecError(f"{base.name}: llama.cpp's quantizer failed to write {quant} (code {rc}); nothing was written")
         made = read_info(partial)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import sys
 import threading
@@ -91,7 +92,7 @@ def load_model(path: str, params) -> tuple[int | None, list[str]]:
         RUNTIME.capture = []
         try:
             with interruptible():  # a signal meanwhile stops the load and is raised again on leaving
-                model = C.llama_model_load_from_file(path.encode(), params)
+                model = C.llama_model_load_from_file(os.fsencode(path), params)  # any bytes Linux allows
                 if RUNTIME.interrupted and model:
                     C.llama_model_free(model)
                     model = None
