@@ -35,6 +35,16 @@ def test_standard_output_on_a_full_disk(tiny, command):
     assert "could not write the output (No space left on device)" in lines[-1] and len(lines) <= 2, r.stderr
 
 
+def test_a_reader_that_goes_away_is_exit_141_and_nothing_said(tiny):
+    """`ggufspec generate ... | head -c 10`: the reader has what it wanted; a shell reads 141 as SIGPIPE."""
+    proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "generate", "-m", str(tiny["target"]), "-p", "hi",
+                             "-n", "2000", "--ignore-eos", "-c", "4096"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # as head does once it has its bytes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=TIMEOUT) == 141 and "Traceback" not in err and "Error" not in err, err
+
+
 def test_standard_input_closed(tiny):
     r = subprocess.run([sys.executable, "-m", "ggufspec", "generate", "-m", str(tiny["target"]), "-f", "-"],
                        capture_output=True, text=True, preexec_fn=_closed(0), timeout=TIMEOUT)

@@ -53,8 +53,19 @@ def stopped_by(signals: list[int]) -> tuple[str, int]:
     return ("hung up" if signals[0] == getattr(signal, "SIGHUP", None) else "terminated"), 128 + signals[0]
 
 
+class PipeClosed(Exception):
+    """The reader of standard output went away (`ggufspec ... | head`). Not an OSError, so click's own
+    handler (exit 1, nothing said) lets it through to `main`, which exits 141 as a shell expects."""
+
+
 class OneLineErrors(click.Group):
     """Usage errors as one line (`Error: ...`), like every other error, instead of click's usage block."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as e:
+            raise PipeClosed() from e
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
@@ -249,7 +260,7 @@ def main():
             cli(prog_name="ggufspec")
         finally:
             sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
-    except BrokenPipeError:  # `ggufspec ... | head`: the reader has what it wanted
+    except (BrokenPipeError, PipeClosed):  # `ggufspec ... | head`: the reader has what it wanted
         _silence_stdout()
         sys.exit(141)
     except OSError as e:
