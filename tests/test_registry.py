@@ -192,3 +192,24 @@ def test_good_values_still_load(tmp_path):
     reg.write_text(MODEL + 'sha256 = "' + "AB" * 32 + '"\nn_params = 1.5\n' + PAIR + 'n_gpu_layers = "all"\ndraft_n_gpu_layers = 0\n')
     r = load_registry(reg)
     assert r.model("t").sha256 == "ab" * 32 and r.pair("tp").n_gpu_layers == "all" and r.pair("tp").draft_n_gpu_layers == 0
+
+
+@pytest.mark.parametrize("kind, needle", [
+    ({"weights": False}, "holds a vocabulary and no weights (a vocab-only GGUF); give the draft's model file itself"),
+    ({"arch": "gpt2"}, "llama.cpp could not load this draft (error loading model hyperparameters: key not found in "
+                       "model: gpt2.attention.layer_norm_epsilon)"),
+    ({"head_count": 0}, "llama.cpp could not load this draft (check_tensor_dims: tensor 'blk.0.attn_q.weight' has wrong shape"),
+])
+def test_models_check_says_compatible_only_of_a_draft_that_loads(tiny, tmp_path, kind, needle):
+    """A vocabulary that matches is not yet a model: a vocab-only file, another architecture's header, a header
+    with 0 heads pass the vocabulary checks, and `generate` would fail to load them."""
+    from tiny import write_tiny_model
+
+    bad = write_tiny_model(tmp_path / "bad.gguf", **kind)
+    r = CliRunner().invoke(cli, ["models", "check", str(tiny["target"]), str(bad)])
+    assert r.exit_code == 1 and "compatible" not in r.stdout and needle in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1
+    gen = CliRunner().invoke(cli, ["generate", "-m", str(tiny["target"]), "-md", str(bad), "-p", "hi", "-n", "2"])
+    assert gen.exit_code == 1 and needle in gen.stderr  # the same reason where it would have failed
+    swapped = CliRunner().invoke(cli, ["models", "check", str(bad), str(tiny["target"])])
+    assert swapped.exit_code == 1 and needle.replace("draft", "target") in swapped.stderr

@@ -40,7 +40,10 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
                      n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048,
                      perturb: float = 0.0, perturb_seed: int = 1234, sharpen: float = 1.0, logit_scale: float = 4.0,
                      add_bos: bool = True, chat_template: str | None = None, name: str = "tiny", pad: int = 0,
-                     pad_scale: float = 1.0) -> Path:
+                     pad_scale: float = 1.0, arch: str = "llama", weights: bool = True,
+                     head_count: int | None = None) -> Path:
+    """arch, weights=False (a vocabulary-only file) and head_count (what the header says) make files whose
+    vocabulary loads but whose model does not."""
     path = Path(path)
     tokens, types = vocabulary(vocab, vocab_shift)
     n_vocab = len(tokens)
@@ -63,13 +66,13 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
         return x.astype(np.float32)
 
     head_dim = n_embd // n_head
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
     writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
+    writer.add_head_count(n_head if head_count is None else head_count)
     writer.add_head_count_kv(n_head_kv)
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
@@ -86,6 +89,11 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
     if chat_template:
         writer.add_chat_template(chat_template)
 
+    if not weights:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return path
     writer.add_tensor("token_embd.weight", padded(w(n_vocab, n_embd, scale=1.0), 1.0))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))

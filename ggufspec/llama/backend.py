@@ -125,11 +125,15 @@ class Model(VocabFacts, Closing):
         self.buffers = {m.group(1): float(m.group(2)) for m in map(_BUFFER_LINE.search, log) if m}
         if not self._model and problem:
             raise GGUFSpecError(f"{self.path}: {problem}")
+        if not self._model and not vocab_only and not self.info.tensors:
+            raise GGUFSpecError(f"{self.path}: holds a vocabulary and no weights (a vocab-only GGUF); "
+                                f"give the {role}'s model file itself")
         if not self._model:
+            reason = next((" ".join(line.rsplit("error loading model: ", 1)[1].split()) for line in reversed(log)
+                           if "error loading model: " in line), None)
             raise GGUFSpecError(
-                f"{self.path}: llama.cpp could not load this {role} (unsupported architecture or damaged file; "
-                "--verbose shows llama.cpp's reason)"
-            )
+                f"{self.path}: llama.cpp could not load this {role} "
+                + (f"({reason})" if reason else "(unsupported architecture or damaged file; --verbose shows llama.cpp's reason)"))
         self.n_gpu_layers = int(n_gpu_layers)
         self._read_vocab(C.llama_model_get_vocab(self._model))
         self.n_layer = C.llama_model_n_layer(self._model)

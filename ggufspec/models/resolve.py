@@ -206,4 +206,6 @@ def check_pair(target: str, draft: str, registry=None) -> str:
     with Model(resolve_model(target, reg, offline=True), role="target", vocab_only=True) as t, \
             Model(resolve_model(draft, reg, offline=True), role="draft", vocab_only=True) as d:
         check_compatible(t, d)
+        for m in (t, d):  # a vocabulary that fits is not yet a model that loads: load each (mapped, not copied)
+            Model(m.path, role=m.role, repack=False).close()
         return f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)"
