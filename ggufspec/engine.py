@@ -23,7 +23,7 @@ from .llama.runtime import set_verbose
 from .llama.compat import check_compatible
 from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import ModelDrafter
-from .errors import GGUFSpecError, exactly_one
+from .errors import GGUFSpecError, check_count, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
@@ -46,10 +46,10 @@ class Engine(Closing):
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
                  remeasure: bool = False, rpc=None, devices=None, draft_devices=None):
-        if n_ctx < 8:
-            raise GGUFSpecError(f"-c/--ctx-size must be at least 8 (got {n_ctx})")
-        if n_batch < 1:
-            raise GGUFSpecError(f"-b/--batch-size must be at least 1 (got {n_batch})")
+        check_count(n_ctx, "-c/--ctx-size", 8)
+        check_count(n_batch, "-b/--batch-size", 1)
+        check_count(n_gpu_layers, "-ngl/--n-gpu-layers", -1)  # -1: every layer
+        check_count(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft", -1)
         check_threads(n_threads)
         set_verbose(verbose)
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = None

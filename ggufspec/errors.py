@@ -16,6 +16,16 @@ class ContextFullError(GGUFSpecError):
         self.tokens = tokens or []
 
 
+def check_count(value, name: str, minimum: int) -> int:
+    """A whole number of at least `minimum` (a bool, a float, a string are not), else one GGUFSpecError
+    naming the setting as the caller knows it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise GGUFSpecError(f"{name} must be a whole number (got {value!r}, {type(value).__name__})")
+    if value < minimum:
+        raise GGUFSpecError(f"{name} must be at least {minimum} (got {value})")
+    return value
+
+
 def exactly_one(given: dict) -> str:
     """The one check that a caller gave exactly one of several alternatives (a prompt, chat messages or
     prompt tokens; -p, -f or --chat): `given` maps each alternative's name, as the caller knows it, to its

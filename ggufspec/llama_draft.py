@@ -25,7 +25,7 @@ from .llama.runtime import LlamaDraftModel
 from .core import LLAMA_MODES, Draft, Round
 from .auto import make_drafter
 from .drafters import LookupDrafter, ModelDrafter
-from .errors import GGUFSpecError
+from .errors import GGUFSpecError, check_count
 from .sampling import SamplingParams
 from .llama.system import check_threads
 from .verification import Verification
@@ -54,10 +54,10 @@ class GGUFDraftModel(LlamaDraftModel):
 
         if mode not in LLAMA_MODES:
             raise GGUFSpecError(f"mode must be one of {', '.join(LLAMA_MODES)} (got {mode!r})")
-        if n_ctx < 8:
-            raise GGUFSpecError(f"n_ctx must be at least 8 (got {n_ctx})")
-        if num_pred_tokens < 1:
-            raise GGUFSpecError(f"num_pred_tokens must be at least 1 (got {num_pred_tokens})")
+        check_count(n_ctx, "n_ctx", 8)
+        check_count(n_batch, "n_batch", 1)
+        check_count(num_pred_tokens, "num_pred_tokens", 1)
+        check_count(n_gpu_layers, "n_gpu_layers", -1)  # -1: every layer
         check_threads(n_threads, "n_threads")
         if draft is None and mode != "lookup":
             raise GGUFSpecError(f"mode {mode!r} needs a draft model (a .gguf path or a registry name)")

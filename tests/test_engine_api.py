@@ -112,3 +112,17 @@ def test_settings_of_the_wrong_type_are_one_error_before_any_decoding(engine, se
 def test_draft_min_above_draft_max_names_both(engine):
     with pytest.raises(GGUFSpecError, match=r"--draft-min must not exceed --draft-max=2 \(got 3\)"):
         engine.generate("hello", draft_min=3, draft_max=2)
+
+
+@pytest.mark.parametrize("setting, value, needle", [
+    ("n_batch", 0, "-b/--batch-size must be at least 1 (got 0)"),
+    ("n_ctx", "4096", "-c/--ctx-size must be a whole number (got '4096', str)"),
+    ("n_ctx", 4096.0, "-c/--ctx-size must be a whole number (got 4096.0, float)"),
+    ("n_gpu_layers", "banana", "-ngl/--n-gpu-layers must be a whole number (got 'banana', str)"),
+    ("draft_n_gpu_layers", -2, "-ngld/--n-gpu-layers-draft must be at least -1 (got -2)"),
+    ("n_threads", 1.5, "-t/--threads must be a whole number (got 1.5, float)"),
+])
+def test_load_settings_of_the_wrong_type_are_one_error_before_anything_loads(tiny, setting, value, needle):
+    with pytest.raises(GGUFSpecError) as e:
+        Engine(tiny["target"], tiny["close"], **{setting: value})
+    assert str(e.value) == needle

@@ -236,3 +236,17 @@ def test_a_draft_file_removed_after_loading_still_attaches(tiny, tmp_path):
     llm = llama(tiny["target"], draft)
     assert llm.create_completion("hello", max_tokens=8, temperature=0, logit_bias=NO_EOS)["usage"]["completion_tokens"] == 8
     draft.close()
+
+
+@pytest.mark.parametrize("setting, value, needle", [
+    ("n_batch", 0, "n_batch must be at least 1 (got 0)"),
+    ("n_batch", "8", "n_batch must be a whole number (got '8', str)"),
+    ("n_gpu_layers", "x", "n_gpu_layers must be a whole number (got 'x', str)"),
+    ("num_pred_tokens", 2.5, "num_pred_tokens must be a whole number (got 2.5, float)"),
+    ("n_threads", 1.5, "n_threads must be a whole number (got 1.5, float)"),
+])
+def test_settings_that_llama_cpp_cannot_take_name_themselves(tiny, setting, value, needle):
+    """n_batch=0 said 'could not create a context of 4096 tokens (out of memory? ...)'."""
+    with pytest.raises(GGUFSpecError) as e:
+        GGUFDraftModel(tiny["close"], mode="draft", **{setting: value})
+    assert str(e.value) == needle

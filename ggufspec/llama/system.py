@@ -153,6 +153,8 @@ def check_threads(n: int | None, flag: str = "-t/--threads") -> None:
 
     if n is None:
         return
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise GGUFSpecError(f"{flag} must be a whole number (got {n!r}, {type(n).__name__})")
     limit = max_threads()
     if not 1 <= n <= limit:
         raise GGUFSpecError(f"{flag} must be between 1 and {limit} on this machine ({os.cpu_count()} CPUs; got {n})")
