@@ -131,8 +131,9 @@ class GGUFDraftModel(LlamaDraftModel):
             self._start(history)
         # Llama evaluates [last] + the proposal after len(history) - 1 tokens into its input_ids, sized by
         # the n_ctx it was given (llama.cpp may round its context up): never propose past that room
-        room = max(0, _room(self._attached) - len(history))
-        n = min(room, self.verification.exact_draft_max(len(history), self.num_pred_tokens))
+        n = self.verification.exact_draft_max(len(history), self.num_pred_tokens)
+        if _room(self._attached) is not None:
+            n = min(n, max(0, _room(self._attached) - len(history)))
         draft = self.drafter.propose(history, n, GREEDY, self._rng) if n else Draft(tokens=[], source=self.mode)
         self._history, self._pending = history, draft
         self.stats["calls"] += 1
@@ -181,10 +182,10 @@ class GGUFDraftModel(LlamaDraftModel):
         self.close()
 
 
-def _room(llama) -> int:
-    """How many tokens the Llama can hold: its input_ids' length (what it was given as n_ctx)."""
+def _room(llama) -> int | None:
+    """How many tokens the Llama can hold: its input_ids' length (what it was given as n_ctx); None: not known."""
     ids = getattr(llama, "input_ids", None)
-    return len(ids) if isinstance(ids, np.ndarray) else int(getattr(llama, "_n_ctx", 0))
+    return len(ids) if isinstance(ids, np.ndarray) else getattr(llama, "_n_ctx", None)
 
 
 def _make_room_for_logits(llama) -> None:
