@@ -106,6 +106,10 @@ class GGUFDraftModel(LlamaDraftModel):
             llama.draft_model, llama._logits_all = self, True
         _make_room_for_logits(llama)
         borrowed = Context.of_llama(llama)
+        if not borrowed.cuttable:  # Llama rewinds a rejected draft with a partial seq_rm, which such a memory refuses
+            borrowed.close()
+            raise GGUFSpecError(f"{target.path}: a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot "
+                                "rewind after a rejected draft; speculate on it with ggufspec's Engine or `ggufspec generate`")
         try:
             self.costs = costs_for(borrowed, self.ctx)
         finally:

@@ -115,3 +115,65 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_mamba2(path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, d_state: int = 16, n_head: int = 4,
+                      d_conv: int = 4, perturb: float = 0.0, perturb_seed: int = 1234, logit_scale: float = 4.0) -> Path:
+    """A tiny mamba2 (recurrent: no KV cache, a state per sequence that llama.cpp cannot cut) with the byte
+    vocabulary of the llama models above, so a llama model and a mamba2 model can draft for each other."""
+    path = Path(path)
+    tokens, types = vocabulary("bytes")
+    n_vocab, d_inner, n_group = len(tokens), 2 * n_embd, 1
+    conv_dim = d_inner + 2 * n_group * d_state
+    rng, noise = np.random.default_rng(seed), np.random.default_rng(perturb_seed)
+
+    def w(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        x = rng.standard_normal(shape) * scale
+        if perturb:
+            x = x + noise.standard_normal(shape) * scale * perturb
+        return x.astype(np.float32)
+
+    writer = GGUFWriter(str(path), "mamba2")
+    writer.add_name("tiny-mamba2")
+    writer.add_context_length(2048)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_uint32("mamba2.ssm.conv_kernel", d_conv)
+    writer.add_uint32("mamba2.ssm.inner_size", d_inner)
+    writer.add_uint32("mamba2.ssm.state_size", d_state)
+    writer.add_uint32("mamba2.ssm.time_step_rank", n_head)
+    writer.add_uint32("mamba2.ssm.group_count", n_group)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(0)
+    _add_vocab(writer, tokens, types)
+    writer.add_tensor("token_embd.weight", w(n_vocab, n_embd, scale=1.0))
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_in.weight", w(d_inner + conv_dim + n_head, n_embd))
+        writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", w(conv_dim, d_conv, scale=0.5))
+        writer.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(conv_dim, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_dt.bias", np.full(n_head, -1.0, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_a", -np.exp(rng.uniform(0, 1, (n_head, 1))).astype(np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_d", np.ones((n_head, 1), dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_norm.weight", np.ones((n_group, d_inner // n_group), dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_out.weight", w(n_embd, d_inner))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", w(n_vocab, n_embd) * np.float32(logit_scale))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_vocab(writer, tokens, types) -> None:
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)

@@ -94,6 +94,7 @@ class LlamaModel(VocabFacts):
     def __init__(self, llama):
         self.path = Path(getattr(llama, "model_path", "the Llama's model"))
         self.stamp = file_stamp(self.path)
+        self._model = llama._model.model  # borrowed: the Llama frees it
         self._read_vocab(llama._model.vocab)
         self.n_gpu_layers = int(llama.model_params.n_gpu_layers)
         cp = llama.context_params
@@ -290,6 +291,11 @@ class Context(Closing):
         self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
         self.tokens: list[int] = []
         self.canonical = 0
+        # A recurrent state (mamba, and the recurrent layers of a hybrid) cannot be cut like a KV cache:
+        # such a context saves that state before each decode and rewinds by restoring it (see truncate).
+        m = getattr(self.model, "_model", None)
+        self.cuttable = not m or not (C.llama_model_is_recurrent(m) or C.llama_model_is_hybrid(m))
+        self._checkpoints: list[tuple[int, ctypes.Array]] = []  # (position, the recurrent state there), oldest first
 
     @property
     def n_past(self) -> int:
@@ -331,6 +337,8 @@ class Context(Closing):
             )
         if logits == "all" and n > self.n_batch:
             raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
+        if not self.cuttable:
+            self._checkpoint()
         start = 0
         while start < n:
             end = min(n, start + self.n_batch)
@@ -370,17 +378,50 @@ class Context(Closing):
         raise GGUFSpecError(f"llama_decode failed with code {rc} (out of memory or a backend error; --verbose shows more)")
 
     def truncate(self, n_keep: int) -> None:
-        """Forget every position from n_keep on (rewinds rejected draft tokens)."""
-        if n_keep < self.n_past:
+        """Forget every position from n_keep on (rewinds rejected draft tokens). Where the memory cannot
+        be cut (a recurrent state), restore the state saved at the latest position up to n_keep, cut the
+        attention part there, and decode the kept tokens after it again (from the start if none)."""
+        if n_keep >= self.n_past:
+            return
+        if self.cuttable:
             if not C.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
                 raise GGUFSpecError(f"llama.cpp could not rewind the KV cache to position {n_keep}")
             del self.tokens[n_keep:]
             self.canonical = min(self.canonical, n_keep)
+            return
+        replay = self.tokens[:n_keep]
+        while self._checkpoints and self._checkpoints[-1][0] > n_keep:
+            self._checkpoints.pop()
+        if self._checkpoints:
+            pos, state = self._checkpoints[-1]
+            C.llama_state_seq_set_data_ext(self._ctx, state, len(state), 0, C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            if not C.llama_memory_seq_rm(self._mem, 0, pos, -1):
+                raise GGUFSpecError(f"llama.cpp could not rewind the memory to position {pos}")
+            del self.tokens[pos:]
+            self.canonical = min(self.canonical, pos)
+        else:
+            self.clear()
+        if len(self.tokens) < n_keep:
+            self.decode(replay[len(self.tokens):], logits="none")
+
+    MAX_CHECKPOINTS = 32
+
+    def _checkpoint(self) -> None:
+        """Save the recurrent state at n_past (once per position; the oldest dropped past MAX_CHECKPOINTS)."""
+        if self._checkpoints and self._checkpoints[-1][0] == self.n_past:
+            return
+        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = C.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        state = (ctypes.c_uint8 * size)()
+        C.llama_state_seq_get_data_ext(self._ctx, state, size, 0, flags)
+        self._checkpoints.append((self.n_past, state))
+        del self._checkpoints[:-self.MAX_CHECKPOINTS]
 
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)
         self.tokens.clear()
         self.canonical = 0
+        self._checkpoints.clear()
 
     def close(self) -> None:
         if getattr(self, "_batch_live", False):
