@@ -19,7 +19,9 @@ import numpy as np
 from . import amx, system
 from .devices import descriptions, device_array, devices, supports_gpu_offload
 from ..errors import ContextFullError, GGUFSpecError
-from .gguf_info import read_info
+from .gguf_info import file_stamp, read_info
+from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
+from .recurrent import Checkpoints, cannot_be_cut
 from .runtime import C, build_features, init, interruptible, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
@@ -32,17 +34,6 @@ def machine() -> dict:
     """This machine's identity (CPU, build features, devices, llama.cpp version) and its id."""
     local = [d for d in devices() if d["type"] != "RPC"]  # remote devices are part of a model's placement
     return system.describe(system.cpu_model(), build_features(), local, llama_cpp_version())
-
-
-def default_threads() -> int:
-    """Physical cores: llama.cpp's matmuls gain nothing from hyper-threads."""
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except Exception:
-        n = None
-    return max(1, n or os.cpu_count() or 1)
 
 
 class Closing:
@@ -76,15 +67,6 @@ class VocabFacts:
     def token_text(self, token: int) -> bytes:
         """The raw vocabulary entry (what llama.cpp compares between draft and target)."""
         return C.llama_vocab_get_text(self._vocab, token) or b""
-
-
-def file_stamp(path: Path) -> str:
-    """size|mtime of a model file as it is loaded: what names its measured costs (it may be removed later)."""
-    try:
-        st = path.stat()
-        return f"{st.st_size}|{st.st_mtime_ns}"
-    except OSError:
-        return "?|?"
 
 
 class LlamaModel(VocabFacts):
@@ -293,9 +275,8 @@ class Context(Closing):
         self.canonical = 0
         # A recurrent state (mamba, and the recurrent layers of a hybrid) cannot be cut like a KV cache:
         # such a context saves that state before each decode and rewinds by restoring it (see truncate).
-        m = getattr(self.model, "_model", None)
-        self.cuttable = not m or not (C.llama_model_is_recurrent(m) or C.llama_model_is_hybrid(m))
-        self._checkpoints: list[tuple[int, ctypes.Array]] = []  # (position, the recurrent state there), oldest first
+        self.cuttable = not cannot_be_cut(getattr(self.model, "_model", None))
+        self._checkpoints = Checkpoints()
 
     @property
     def n_past(self) -> int:
@@ -338,7 +319,7 @@ class Context(Closing):
         if logits == "all" and n > self.n_batch:
             raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
         if not self.cuttable:
-            self._checkpoint()
+            self._checkpoints.save(self._ctx, self.n_past)
         start = 0
         while start < n:
             end = min(n, start + self.n_batch)
@@ -390,11 +371,8 @@ class Context(Closing):
             self.canonical = min(self.canonical, n_keep)
             return
         replay = self.tokens[:n_keep]
-        while self._checkpoints and self._checkpoints[-1][0] > n_keep:
-            self._checkpoints.pop()
-        if self._checkpoints:
-            pos, state = self._checkpoints[-1]
-            C.llama_state_seq_set_data_ext(self._ctx, state, len(state), 0, C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        pos = self._checkpoints.restore(self._ctx, n_keep)
+        if pos is not None:
             if not C.llama_memory_seq_rm(self._mem, 0, pos, -1):
                 raise GGUFSpecError(f"llama.cpp could not rewind the memory to position {pos}")
             del self.tokens[pos:]
@@ -403,19 +381,6 @@ class Context(Closing):
             self.clear()
         if len(self.tokens) < n_keep:
             self.decode(replay[len(self.tokens):], logits="none")
-
-    MAX_CHECKPOINTS = 32
-
-    def _checkpoint(self) -> None:
-        """Save the recurrent state at n_past (once per position; the oldest dropped past MAX_CHECKPOINTS)."""
-        if self._checkpoints and self._checkpoints[-1][0] == self.n_past:
-            return
-        flags = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = C.llama_state_seq_get_size_ext(self._ctx, 0, flags)
-        state = (ctypes.c_uint8 * size)()
-        C.llama_state_seq_get_data_ext(self._ctx, state, size, 0, flags)
-        self._checkpoints.append((self.n_past, state))
-        del self._checkpoints[:-self.MAX_CHECKPOINTS]
 
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)

@@ -63,6 +63,15 @@ class GGUFInfo:
         }
 
 
+def file_stamp(path: Path) -> str:
+    """size|mtime of a model file as it is loaded: what names its measured costs (it may be removed later)."""
+    try:
+        st = path.stat()
+        return f"{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        return "?|?"
+
+
 def check_file(path: str | os.PathLike) -> Path:
     """Return the path if it is a readable file that starts like a GGUF, else raise one clear line."""
     p = Path(path)

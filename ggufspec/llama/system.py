@@ -158,3 +158,14 @@ def check_threads(n: int | None, flag: str = "-t/--threads") -> None:
     limit = max_threads()
     if not 1 <= n <= limit:
         raise GGUFSpecError(f"{flag} must be between 1 and {limit} on this machine ({os.cpu_count()} CPUs; got {n})")
+
+
+def default_threads() -> int:
+    """Physical cores: llama.cpp's matmuls gain nothing from hyper-threads."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:
+        n = None
+    return max(1, n or os.cpu_count() or 1)
