@@ -55,16 +55,7 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
             return x
         extra = pad_rng.standard_normal((pad, x.shape[1])) * scale
         return np.concatenate([x, extra.astype(np.float32)])
-    rng = np.random.default_rng(seed)
-    noise = np.random.default_rng(perturb_seed)
-
-    def w(*shape, scale=None):
-        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        x = rng.standard_normal(shape) * scale
-        if perturb:
-            x = x + noise.standard_normal(shape) * scale * perturb
-        return x.astype(np.float32)
-
+    w = _weights(seed, perturb, perturb_seed)
     head_dim = n_embd // n_head
     writer = GGUFWriter(str(path), arch)
     writer.add_name(name)
@@ -77,23 +68,13 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(0)  # all F32
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens + [f"[PAD{n_vocab + i}]" for i in range(pad)])
-    writer.add_token_scores([0.0] * (n_vocab + pad))
-    writer.add_token_types(types + [int(TokenType.UNUSED)] * pad)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(add_bos)
-    writer.add_add_eos_token(False)
+    _add_vocab(writer, tokens + [f"[PAD{n_vocab + i}]" for i in range(pad)], types + [int(TokenType.UNUSED)] * pad,
+               add_bos=add_bos)
     if chat_template:
         writer.add_chat_template(chat_template)
 
     if not weights:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.close()
-        return path
+        return _write(writer, path, tensors=False)
     writer.add_tensor("token_embd.weight", padded(w(n_vocab, n_embd, scale=1.0), 1.0))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
@@ -109,12 +90,7 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
     # logit_scale makes the distribution peaked enough to be interesting; sharpen changes only this model.
     output = w(n_vocab, n_embd) * np.float32(logit_scale * sharpen)
     writer.add_tensor("output.weight", padded(output, pad_scale * logit_scale * sharpen / np.sqrt(n_embd)))
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return _write(writer, path)
 
 
 def write_tiny_mamba2(path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, d_state: int = 16, n_head: int = 4,
@@ -125,15 +101,7 @@ def write_tiny_mamba2(path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64
     tokens, types = vocabulary("bytes")
     n_vocab, d_inner, n_group = len(tokens), 2 * n_embd, 1
     conv_dim = d_inner + 2 * n_group * d_state
-    rng, noise = np.random.default_rng(seed), np.random.default_rng(perturb_seed)
-
-    def w(*shape, scale=None):
-        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        x = rng.standard_normal(shape) * scale
-        if perturb:
-            x = x + noise.standard_normal(shape) * scale * perturb
-        return x.astype(np.float32)
-
+    w = _weights(seed, perturb, perturb_seed)
     writer = GGUFWriter(str(path), "mamba2")
     writer.add_name("tiny-mamba2")
     writer.add_context_length(2048)
@@ -154,20 +122,32 @@ def write_tiny_mamba2(path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64
         writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", w(conv_dim, d_conv, scale=0.5))
         writer.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(conv_dim, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ssm_dt.bias", np.full(n_head, -1.0, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ssm_a", -np.exp(rng.uniform(0, 1, (n_head, 1))).astype(np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_a", -np.exp(w.rng.uniform(0, 1, (n_head, 1))).astype(np.float32))
         writer.add_tensor(f"blk.{i}.ssm_d", np.ones((n_head, 1), dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ssm_norm.weight", np.ones((n_group, d_inner // n_group), dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ssm_out.weight", w(n_embd, d_inner))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     writer.add_tensor("output.weight", w(n_vocab, n_embd) * np.float32(logit_scale))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return _write(writer, path)
 
 
-def _add_vocab(writer, tokens, types) -> None:
+def _weights(seed: int, perturb: float, perturb_seed: int):
+    """w(*shape, scale=None): float32 weights drawn from the seed (scale 1/sqrt(last dim) unless given), plus
+    `perturb` of that scale in noise from perturb_seed; w.rng is the seed's generator."""
+    rng, noise = np.random.default_rng(seed), np.random.default_rng(perturb_seed)
+
+    def w(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        x = rng.standard_normal(shape) * scale
+        if perturb:
+            x = x + noise.standard_normal(shape) * scale * perturb
+        return x.astype(np.float32)
+
+    w.rng = rng
+    return w
+
+
+def _add_vocab(writer, tokens, types, *, add_bos: bool = True) -> None:
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * len(tokens))
@@ -175,5 +155,14 @@ def _add_vocab(writer, tokens, types) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
-    writer.add_add_bos_token(True)
+    writer.add_add_bos_token(add_bos)
     writer.add_add_eos_token(False)
+
+
+def _write(writer, path: Path, *, tensors: bool = True) -> Path:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    if tensors:
+        writer.write_tensors_to_file()
+    writer.close()
+    return path

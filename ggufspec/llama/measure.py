@@ -43,7 +43,7 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     takes the time of the next timed one up. The sizes take turns within each repeat, so a machine
     that slows down part way through skews no size against another; each keeps its fastest time.
     """
-    max_batch = max(1, min(max_batch, ctx.n_batch, ctx.n_ctx - 16))
+    max_batch = min(max_batch, reach(ctx)[0])
     timed = sorted(set(range(1, EXACT_MAX + 1)) | set(LONG_BATCHES) | {max_batch})
     timed = [b for b in timed if b <= max_batch]
     prefix = _probe_tokens(ctx, 8 + max_batch)
@@ -146,18 +146,19 @@ def sane(seconds: list[float], again: float) -> bool:
 
 def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
     """A target entry for the cache, and whether it made sense (measured up to `tries` times until it does)."""
-    for attempt in range(tries):
-        seconds, exact, exact_kv = measure_target(ctx, reach(ctx)[0])
+    for _ in range(tries):
+        seconds, exact, exact_kv = measure_target(ctx)
         again = measure_draft_step(ctx, n=3, repeats=2)  # the one-token step, timed afresh
-        if sane(seconds, again):
+        ok = sane(seconds, again)
+        if ok:
             break
         warn(f"ggufspec: {ctx.model.path.name}: the measured decode times do not add up (one token "
-                  f"{seconds[0] * 1e3:.2f} ms, then {again * 1e3:.2f} ms; a busy machine?): measuring again")
+             f"{seconds[0] * 1e3:.2f} ms, then {again * 1e3:.2f} ms; a busy machine?): measuring again")
     else:
         warn(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
     entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "kv_reach": reach(ctx)[1],
              "machine": machine()["summary"]}
-    return entry, attempt < tries - 1 or sane(seconds, again)
+    return entry, ok
 
 
 def is_current(key: str) -> bool:

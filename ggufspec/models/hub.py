@@ -134,11 +134,12 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
 
     if not progress:
         huggingface_hub.utils.disable_progress_bars()
-    huggingface_hub.utils.logging.set_verbosity_error()  # its retry lines: the one line below says what happened
     where = f"{spec.repo}/{spec.file}"
     _check_cache_dirs()
     _clear_orphans(spec)
     again = "nothing partial was kept; run the command again"
+    verbosity = huggingface_hub.utils.logging.get_verbosity()
+    huggingface_hub.utils.logging.set_verbosity_error()  # its retry lines: the one line below says what happened
     try:
         path = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision, endpoint=endpoint,
                                     cache_dir=hub_cache_dir()))
@@ -160,6 +161,8 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
         raise GGUFSpecError(f"{where}: download failed ({type(e).__name__}: {_first_line(e)}); {again}") from None
     except Exception as e:  # httpx transport errors and the like
         raise GGUFSpecError(f"{where}: download failed ({type(e).__name__}: {_first_line(e)}); {again}") from None
+    finally:
+        huggingface_hub.utils.logging.set_verbosity(verbosity)
     try:
         check_sha256(path, spec.sha256, spec.name)
     except GGUFSpecError:
@@ -182,7 +185,9 @@ def _clear_orphans(spec: ModelSpec) -> None:
     process-unique `<etag>.<id>.incomplete` behind; nobody can resume it): deleted before a new one."""
     from filelock import FileLock, Timeout
 
-    folder = hub_cache_dir() / ("models--" + spec.repo.replace("/", "--"))
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = hub_cache_dir() / repo_folder_name(repo_id=spec.repo, repo_type="model")
     for orphan in (folder / "blobs").glob("*.*.incomplete"):
         lock = hub_cache_dir() / ".locks" / folder.name / (orphan.name.split(".")[0] + ".lock")
         try:

@@ -176,9 +176,7 @@ def _model(name: str, d: dict, where: str) -> ModelSpec:
     def need(key, kind):
         if key not in d:
             raise GGUFSpecError(f"{where}: [models.{name}] lacks `{key}`")
-        if not isinstance(d[key], kind):
-            raise GGUFSpecError(f"{where}: [models.{name}] `{key}` should be a {kind.__name__}, not {d[key]!r}")
-        return d[key]
+        return _typed(d, key, kind, where, f"models.{name}")
 
     mirror = None
     if "mirror" in d:
