@@ -7,7 +7,7 @@ auto are tested on one in milliseconds (tests/fake.py).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal, Protocol, Sequence
+from typing import ContextManager, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -59,6 +59,7 @@ class Target(Protocol):
     def tokens(self) -> list[int]: ...
     def decode(self, tokens: Sequence[int], logits: Logits = "last") -> np.ndarray: ...
     def truncate(self, n: int) -> None: ...
+    def no_rewind(self) -> ContextManager: ...  # a block whose decodes will not be rewound (see backend.Context)
     def start(self, prompt_tokens: list[int], reuse: bool = False) -> int: ...
 
 

@@ -40,12 +40,34 @@ def best_rate(rates: list[tuple[float, int]]) -> tuple[float, int]:
     return max(rates, key=lambda r: (round(r[0], 9), -r[1]))
 
 
+@dataclass(frozen=True)
+class Rollback:
+    """What rewinding costs a target whose memory cannot be cut (a recurrent state, as in mamba2 and the hybrids):
+    its state is saved before every verify batch, and restored at a rejection, which then decodes the kept tokens
+    again (`llama/recurrent.py`). A KV cache's cut costs next to nothing and has no Rollback."""
+
+    state_bytes: int
+    save_seconds: float
+    restore_seconds: float  # the state set back and the attention part cut (the decode again not included)
+    kept: int = 0  # positions whose states llama.cpp keeps itself (n_rs_seq): a round drafting up to this many is cut
+
+    def expected_seconds(self, n_draft: int, alpha: float, batch_seconds) -> float:
+        """Expected seconds a round of n_draft drafts spends on rewinding: the save, and with probability
+        alpha^j (1 - alpha) a rejection after j accepted drafts, whose j + 1 kept tokens are decoded again;
+        nothing where llama.cpp keeps the states of that many positions itself."""
+        if n_draft <= 0 or n_draft <= self.kept:
+            return 0.0
+        return self.save_seconds + sum(alpha ** j * (1.0 - alpha) * (self.restore_seconds + batch_seconds(j + 1))
+                                       for j in range(n_draft))
+
+
 @dataclass
 class Costs:
     target_batch_seconds: list[float]  # [i] = seconds to decode a batch of i + 1 tokens
     exact_batch: int  # largest batch bit-identical to one-token decoding
     draft_token_seconds: float | None = None  # one draft step (None: no draft model)
     exact_kv: int | None = None  # ... while the KV cache holds at most this many tokens (None: every length checked)
+    rollback: Rollback | None = None  # what a rewind costs where the target's memory cannot be cut
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
 
     def batch_seconds(self, n: int) -> float:
@@ -83,8 +105,13 @@ class Costs:
         """(best speed-up any drafter could give, tokens per round that give it): every draft
         accepted and drafting free, so a round of n tokens costs one verify of n rows."""
         t1 = self.batch_seconds(1)
-        rates = [(n * t1 / self.verify_seconds(n, verify_batch), n) for n in range(1, len(self.target_batch_seconds) + 1)]
+        rates = [(n * t1 / (self.verify_seconds(n, verify_batch) + self.rewind_seconds(n - 1, 1.0)), n)
+                 for n in range(1, len(self.target_batch_seconds) + 1)]
         return best_rate(rates)
+
+    def rewind_seconds(self, n_draft: int, alpha: float) -> float:
+        """Expected seconds a round of n_draft drafts spends making its rejections undoable (0 where a cut is free)."""
+        return self.rollback.expected_seconds(n_draft, alpha, self.batch_seconds) if self.rollback else 0.0
 
     @property
     def target_token_seconds(self) -> float:
@@ -93,7 +120,8 @@ class Costs:
     def speedup(self, alpha: float, n_draft: int, draft_step: float, verify_batch: int | None = None) -> float:
         """Expected speed-up over plain decoding of rounds drafting n_draft tokens at draft_step
         seconds each, verified in one batch or in batches of at most verify_batch."""
-        seconds = n_draft * draft_step + self.verify_seconds(n_draft + 1, verify_batch, alpha)
+        seconds = (n_draft * draft_step + self.verify_seconds(n_draft + 1, verify_batch, alpha)
+                   + self.rewind_seconds(n_draft, alpha))
         return expected_tokens(alpha, n_draft) * self.target_token_seconds / seconds
 
     def best_length(self, alpha: float, draft_step: float, verify_batch: int | None = None,
@@ -134,7 +162,8 @@ class Costs:
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
                 "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,
                 "verify_chunk": self.chunk(verify_batch) if verify_batch else None,
-                "drafters": drafters, "why": self.why(quant)}
+                "drafters": drafters, "why": self.why(quant),
+                "rollback": None if self.rollback is None else vars(self.rollback)}
 
     def why(self, quant: str | None = None) -> str | None:
         """One line where verifying costs most of a step per extra token (speculation gains little

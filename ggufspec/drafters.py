@@ -75,7 +75,8 @@ class ModelDrafter(Drafter):
         prompt_tokens = [self._own(t) for t in prompt_tokens]
         keep = self._committed = self.ctx.start(prompt_tokens, reuse=reuse)
         if not lazy and len(prompt_tokens) - 1 > keep:
-            self.ctx.decode(prompt_tokens[keep:-1], logits="none")
+            with self.ctx.no_rewind():  # drafts are rewound to the history, never into the prompt
+                self.ctx.decode(prompt_tokens[keep:-1], logits="none")
             self._committed = len(prompt_tokens) - 1
 
     def follow(self) -> None:

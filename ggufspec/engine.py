@@ -19,6 +19,7 @@ import numpy as np
 
 from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
+from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose
 from .llama.compat import check_compatible
 from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
@@ -58,7 +59,8 @@ class Engine(Closing):
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
         try:
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices)
-            self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+            self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                      rollback=ROLLBACK_ROWS)
             if draft is not None:
                 self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
                 check_compatible(self.target_model, self.draft_model)

@@ -9,6 +9,7 @@ same code, so baselines are like for like. Notation: p target, q draft (Leviatha
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Iterator
 
@@ -62,10 +63,12 @@ def speculative_step(target: Target, drafter: Drafter | None, history: list[int]
     inputs = [history[-1]] + draft_tokens
     t0, n_keep, gaps = time.perf_counter(), n_past, []
     try:
-        if picker is not None:  # greedy or coupled: keep drafts equal to the target's picks
-            n_accepted, next_token, gaps = verification.verify(target, inputs, draft_tokens, n_past, picker)
-        else:
-            n_accepted, next_token = _verify_rejection(target, inputs, draft, draft_tokens, params, rng)
+        # without a draft nothing of this decode is rewound: a recurrent target saves no state for it
+        with target.no_rewind() if not draft_tokens else contextlib.nullcontext():
+            if picker is not None:  # greedy or coupled: keep drafts equal to the target's picks
+                n_accepted, next_token, gaps = verification.verify(target, inputs, draft_tokens, n_past, picker)
+            else:
+                n_accepted, next_token = _verify_rejection(target, inputs, draft, draft_tokens, params, rng)
         n_keep = n_past + n_accepted + 1
     finally:
         target.truncate(n_keep)
@@ -99,7 +102,8 @@ def prefill(target: Target, prompt_tokens: list[int], reuse: bool = False) -> tu
     cold start computes it (`Context.reusable`: whole aligned batches), so the result is bit-identical.
     """
     keep = target.start(prompt_tokens, reuse=reuse)
-    return target.decode(prompt_tokens[keep:], logits="last")[0].copy(), keep
+    with target.no_rewind():  # rounds never rewind into the prompt
+        return target.decode(prompt_tokens[keep:], logits="last")[0].copy(), keep
 
 
 def first_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, t: int = 0,

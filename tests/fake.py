@@ -9,6 +9,8 @@ the `core.Target` protocol: decode / truncate / start, n_past, tokens, n_ctx, n_
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ggufspec.errors import ContextFullError
@@ -52,6 +54,9 @@ class FakeTarget:
         if logits == "none":
             return None
         return rows if logits == "all" else rows[-1:]
+
+    def no_rewind(self):
+        return contextlib.nullcontext()
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]

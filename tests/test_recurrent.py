@@ -1,49 +1,98 @@
-"""Models whose memory cannot be cut like a KV cache (mamba2: a recurrent state per sequence), as target and as
-draft: llama.cpp refuses a partial `llama_memory_seq_rm` there, so the context saves the recurrent state before
-each decode and rewinds by restoring it and decoding the kept tokens again. Both guarantees hold."""
+"""The model shapes beside dense attention, as target and as draft: recurrent (mamba2: a state per sequence and no
+KV cache), hybrid (lfm2's short convolutions, granitehybrid's mamba2 layers, beside attention layers) and mixture of
+experts (qwen3moe). llama.cpp refuses a partial `llama_memory_seq_rm` on a recurrent state, so the context saves that
+state before a decode that may be cut and rewinds by restoring it and decoding the kept tokens again. Both guarantees
+hold on every shape, in every mode and both roles."""
 
+import numpy as np
 import pytest
 
 from ggufspec import Engine
 from ggufspec.llama.backend import Context, Model
-from tiny import write_tiny_mamba2
+from ggufspec.sampling import SamplingParams
+from stats import chi2, chi2_critical
+from test_engine import _joint_two_tokens, _sample_two_tokens
+from tiny import write_tiny_hybrid, write_tiny_mamba2, write_tiny_moe
 
 PROMPTS = ("hello hello hello", "def f(x): return x + f(x)")
 MODES = ("draft", "lookup", "auto")
+UNCUT = ("mamba2", "lfm2", "granitehybrid")  # memories llama.cpp cannot cut
+SHAPES = UNCUT + ("qwen3moe",)
+
+
+def _write(d, arch, name, **kw):
+    if arch == "mamba2":
+        return write_tiny_mamba2(d / name, **kw)
+    if arch == "qwen3moe":
+        return write_tiny_moe(d / name, **kw)
+    return write_tiny_hybrid(d / name, arch, **kw)
 
 
 @pytest.fixture(scope="module")
-def mamba(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mamba")
-    return {"target": write_tiny_mamba2(d / "mamba.gguf"), "close": write_tiny_mamba2(d / "mamba-close.gguf", perturb=0.05)}
+def shapes(tmp_path_factory):
+    """For each architecture a target and a draft that mostly agrees with it."""
+    d = tmp_path_factory.mktemp("shapes")
+    return {arch: {"target": _write(d, arch, f"{arch}.gguf"), "close": _write(d, arch, f"{arch}-close.gguf", perturb=0.05)}
+            for arch in SHAPES}
 
 
-def test_the_context_knows_its_memory_cannot_be_cut_and_rewinds_all_the_same(mamba, tiny):
-    """A rewind into a verify batch restores the state saved before the batch and decodes the kept tokens
-    again as one batch: the state is then the one a context that decoded just those tokens has, bit for bit."""
-    with Model(mamba["target"]) as m, Context(m, n_ctx=256) as ctx, Context(m, n_ctx=256) as fresh, \
-            Model(tiny["target"]) as dense, Context(dense, n_ctx=256) as dense_ctx:
+@pytest.mark.parametrize("arch", UNCUT)
+@pytest.mark.parametrize("rollback", [0, 8])
+def test_the_context_knows_its_memory_cannot_be_cut_and_rewinds_all_the_same(shapes, tiny, arch, rollback):
+    """A rewind into a verify batch restores the state saved before the batch, cuts the attention part and decodes
+    the kept tokens again as one batch: the logits that follow are those of a context that decoded just those
+    tokens, bit for bit. Where llama.cpp keeps the last states itself (lfm2, asked with rollback) a rewind that
+    keeps part of the batch is a cut, nothing decoded again, and the state is the batch's own (as a KV cache's
+    is: equal to a fresh context's up to the batched kernels' rounding); a whole batch goes the checkpoint way."""
+    with Model(shapes[arch]["target"]) as m, Context(m, n_ctx=256, rollback=rollback) as ctx, \
+            Context(m, n_ctx=256) as fresh, Model(tiny["target"]) as dense, Context(dense, n_ctx=256) as dense_ctx:
         assert not ctx.cuttable and dense_ctx.cuttable
+        assert ctx.checkpoints.rollback == (rollback if arch == "lfm2" else 0)  # llama.cpp's list of architectures
+        decoded, decode = [], ctx.decode
+        ctx.decode = lambda tokens, **kw: decoded.append(len(tokens)) or decode(tokens, **kw)
         tokens = m.tokenize("hello world, hello again")
         ctx.decode(tokens[:5], logits="none")
         for keep in (8, 7, 6, 5):
-            ctx.decode(tokens[ctx.n_past:9], logits="none")  # a "verify batch" up to position 9
-            ctx.truncate(keep)  # rewind into it
+            ctx.decode(tokens[5:9], logits="none")  # a "verify batch" up to position 9
+            decoded.clear()
+            ctx.truncate(keep)  # rewind into it (keep 5: the whole batch)
             assert ctx.n_past == keep and ctx.tokens == tokens[:keep]
+            kept = bool(ctx.checkpoints.rollback)  # llama.cpp keeps states: none saved, so a whole batch goes from the start
+            cut = kept and keep > 5
+            assert decoded == ([] if cut or (keep == 5 and not kept) else [5 if kept else keep - 5]), keep
             fresh.clear()
             fresh.decode(tokens[:5], logits="none")
             if keep > 5:
                 fresh.decode(tokens[5:keep], logits="none")
-            assert (ctx.decode([tokens[keep]])[0] == fresh.decode([tokens[keep]])[0]).all(), keep
-            ctx.truncate(keep)
+            ours, theirs = ctx.decode([tokens[keep]])[0], fresh.decode([tokens[keep]])[0]
+            if cut:
+                np.testing.assert_allclose(ours, theirs, atol=1e-4)
+            else:
+                assert (ours == theirs).all(), keep
+            ctx.truncate(5)  # past the last batch: from a checkpoint, or decoded again from the start
         ctx.truncate(2)  # before any saved state: decoded again from the start
         assert ctx.n_past == 2 and ctx.tokens == tokens[:2]
 
 
-@pytest.mark.parametrize("roles", ["mamba target, mamba draft", "mamba target, llama draft", "llama target, mamba draft"])
-def test_greedy_output_is_the_targets_in_every_mode(mamba, tiny, roles):
-    target = mamba["target"] if roles.startswith("mamba") else tiny["target"]
-    draft = mamba["close"] if roles.endswith("mamba draft") else tiny["close"]
+def test_a_context_saves_no_state_where_nothing_will_be_cut(shapes):
+    """Saving the recurrent state costs a copy of it per decode: only decodes that may be rewound pay it."""
+    with Model(shapes["lfm2"]["target"]) as m, Context(m, n_ctx=256) as ctx:
+        tokens = m.tokenize("hello world, hello again")
+        with ctx.no_rewind():
+            ctx.decode(tokens[:5], logits="none")
+            ctx.decode(tokens[5:6])
+        assert ctx.checkpoints.saved == []
+        ctx.decode(tokens[6:9], logits="none")
+        assert [pos for pos, _ in ctx.checkpoints.saved] == [6]
+        ctx.truncate(7)
+        assert ctx.tokens == tokens[:7]
+
+
+@pytest.mark.parametrize("arch", SHAPES)
+@pytest.mark.parametrize("roles", ["shape target, shape draft", "shape target, llama draft", "llama target, shape draft"])
+def test_greedy_output_is_the_targets_in_every_mode(shapes, tiny, arch, roles):
+    target = shapes[arch]["target"] if roles.startswith("shape") else tiny["target"]
+    draft = shapes[arch]["close"] if roles.endswith("shape draft") else tiny["close"]
     with Engine(target, draft, n_ctx=512) as e:
         for prompt in PROMPTS:
             reference = e.generate(prompt, max_tokens=60, mode="target", ignore_eos=True).tokens
@@ -54,8 +103,9 @@ def test_greedy_output_is_the_targets_in_every_mode(mamba, tiny, roles):
         assert drafted.stats.n_drafted > 0 and drafted.stats.n_drafted > drafted.stats.n_accepted  # rewinds happened
 
 
-def test_a_seed_gives_the_targets_own_text_in_every_mode(mamba):
-    with Engine(mamba["target"], mamba["close"], n_ctx=512) as e:
+@pytest.mark.parametrize("arch", SHAPES)
+def test_a_seed_gives_the_targets_own_text_in_every_mode(shapes, arch):
+    with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=512) as e:
         for seed in (0, 7):
             reference = e.generate(PROMPTS[1], max_tokens=40, temperature=0.8, seed=seed, mode="target", ignore_eos=True)
             for mode in MODES:
@@ -63,16 +113,38 @@ def test_a_seed_gives_the_targets_own_text_in_every_mode(mamba):
                 assert out.tokens == reference.tokens, (seed, mode)
 
 
-def test_costs_and_target_mode_run_on_a_recurrent_model(mamba):
+@pytest.mark.parametrize("rule", ["rejection", "coupled"])
+def test_sampled_output_follows_a_hybrid_targets_distribution(tmp_path_factory, rule):
+    """A hybrid pair (lfm2, a 16-token vocabulary, the draft sharper than the target): the 2nd and 3rd tokens,
+    drafted and verified with a rewind at every rejection, follow the target's exact joint distribution."""
+    d = tmp_path_factory.mktemp("hybrid-letters")
+    target = write_tiny_hybrid(d / "t.gguf", "lfm2", seed=5, vocab="letters", logit_scale=1.5)
+    draft = write_tiny_hybrid(d / "d.gguf", "lfm2", seed=5, vocab="letters", logit_scale=1.5, sharpen=3.0)
+    params = SamplingParams(temperature=1.0)
+    prompt = [1, 5, 6]
+    with Engine(target, draft, n_ctx=64) as e:
+        assert not e.target_ctx.cuttable and not e.draft_ctx.cuttable
+        p = _joint_two_tokens(e.target_ctx, prompt, params)
+        q = _joint_two_tokens(e.draft_ctx, prompt, params)
+        counts = _sample_two_tokens(e, prompt, params, 3000, rule=rule)
+    stat_p, df_p = chi2(counts, p)
+    stat_q, df_q = chi2(counts, q)
+    assert stat_p < chi2_critical(df_p), f"speculative samples do not follow p: chi2 {stat_p:.1f} on {df_p} df"
+    assert stat_q > 3 * chi2_critical(df_q), "the draft is too close to the target for this test to mean anything"
+    assert np.isclose(p.sum(), 1.0)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "lfm2"])
+def test_costs_and_target_mode_run_on_a_model_that_cannot_be_cut(shapes, arch):
     from clirun import run
 
-    r = run("costs", "-m", mamba["target"], "-md", mamba["close"])
+    r = run("costs", "-m", shapes[arch]["target"], "-md", shapes[arch]["close"])
     assert r.exit_code == 0 and "draft step" in r.stdout, r.output
-    g = run("generate", "-m", mamba["target"], "-p", "hello", "-n", 8, "--mode", "target")
+    g = run("generate", "-m", shapes[arch]["target"], "-p", "hello", "-n", 8, "--mode", "target")
     assert g.exit_code == 0, g.output
 
 
-def test_a_recurrent_draft_serves_llama_and_a_recurrent_llama_target_is_named(mamba, tiny):
+def test_a_recurrent_draft_serves_llama_and_a_recurrent_llama_target_is_named(shapes, tiny):
     """llama.cpp's own speculative example fails with a recurrent draft; GGUFDraftModel drafts with one. A Llama whose
     own model is recurrent cannot rewind a rejected draft (its partial seq_rm is refused): one error at attach."""
     from llama_cpp import Llama
@@ -82,14 +154,15 @@ def test_a_recurrent_draft_serves_llama_and_a_recurrent_llama_target_is_named(ma
     no_eos = {2: -1000.0}
     plain = Llama(model_path=str(tiny["target"]), n_ctx=512, verbose=False)
     alone = plain.create_completion("hello hello", max_tokens=60, temperature=0, logit_bias=no_eos)["choices"][0]["text"]
-    draft = GGUFDraftModel(mamba["close"], mode="draft")
-    llm = Llama(model_path=str(tiny["target"]), n_ctx=512, draft_model=draft, verbose=False)
-    draft.attach(llm)
-    spec = llm.create_completion("hello hello", max_tokens=60, temperature=0, logit_bias=no_eos)["choices"][0]["text"]
-    assert spec == alone and draft.stats["drafted"] > 0
-    draft.close()
+    for arch in ("mamba2", "granitehybrid"):
+        draft = GGUFDraftModel(shapes[arch]["close"], mode="draft")
+        llm = Llama(model_path=str(tiny["target"]), n_ctx=512, draft_model=draft, verbose=False)
+        draft.attach(llm)
+        spec = llm.create_completion("hello hello", max_tokens=60, temperature=0, logit_bias=no_eos)["choices"][0]["text"]
+        assert spec == alone and draft.stats["drafted"] > 0, arch
+        draft.close()
     other = GGUFDraftModel(tiny["close"], mode="draft")
-    recurrent = Llama(model_path=str(mamba["target"]), n_ctx=512, draft_model=other, verbose=False)
+    recurrent = Llama(model_path=str(shapes["lfm2"]["target"]), n_ctx=512, draft_model=other, verbose=False)
     with pytest.raises(GGUFSpecError, match="a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot rewind"):
         other.attach(recurrent)
     other.close()

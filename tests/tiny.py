@@ -97,38 +97,133 @@ def write_tiny_mamba2(path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64
                       d_conv: int = 4, perturb: float = 0.0, perturb_seed: int = 1234, logit_scale: float = 4.0) -> Path:
     """A tiny mamba2 (recurrent: no KV cache, a state per sequence that llama.cpp cannot cut) with the byte
     vocabulary of the llama models above, so a llama model and a mamba2 model can draft for each other."""
-    path = Path(path)
-    tokens, types = vocabulary("bytes")
-    n_vocab, d_inner, n_group = len(tokens), 2 * n_embd, 1
-    conv_dim = d_inner + 2 * n_group * d_state
-    w = _weights(seed, perturb, perturb_seed)
-    writer = GGUFWriter(str(path), "mamba2")
-    writer.add_name("tiny-mamba2")
-    writer.add_context_length(2048)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
-    writer.add_uint32("mamba2.ssm.conv_kernel", d_conv)
-    writer.add_uint32("mamba2.ssm.inner_size", d_inner)
-    writer.add_uint32("mamba2.ssm.state_size", d_state)
-    writer.add_uint32("mamba2.ssm.time_step_rank", n_head)
-    writer.add_uint32("mamba2.ssm.group_count", n_group)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(0)
-    _add_vocab(writer, tokens, types)
+    writer, w, n_vocab = _begin(path, "mamba2", n_layer, n_embd, seed, perturb, perturb_seed)
+    _ssm_keys(writer, "mamba2", n_embd, d_state, n_head, d_conv)
     writer.add_tensor("token_embd.weight", w(n_vocab, n_embd, scale=1.0))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ssm_in.weight", w(d_inner + conv_dim + n_head, n_embd))
-        writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", w(conv_dim, d_conv, scale=0.5))
-        writer.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(conv_dim, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ssm_dt.bias", np.full(n_head, -1.0, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ssm_a", -np.exp(w.rng.uniform(0, 1, (n_head, 1))).astype(np.float32))
-        writer.add_tensor(f"blk.{i}.ssm_d", np.ones((n_head, 1), dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ssm_norm.weight", np.ones((n_group, d_inner // n_group), dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ssm_out.weight", w(n_embd, d_inner))
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+        _ssm_layer(writer, w, i, n_embd, d_state, n_head, d_conv)
+    return _end(writer, path, w, n_vocab, n_embd, logit_scale)
+
+
+def write_tiny_hybrid(path, arch: str, *, seed: int = 0, layers: str = "rar", n_embd: int = 64, n_head: int = 4,
+                      n_head_kv: int = 2, n_ff: int = 128, d_state: int = 16, ssm_heads: int = 4, d_conv: int = 4,
+                      perturb: float = 0.0, perturb_seed: int = 1234, logit_scale: float = 4.0, sharpen: float = 1.0,
+                      vocab: str = "bytes") -> Path:
+    """A tiny hybrid: recurrent layers ("r") beside attention layers ("a"), in the order of `layers`. arch "lfm2":
+    short-convolution recurrent layers (LFM2), whose final norm is `token_embd_norm`; "granitehybrid": mamba2
+    layers (Granite 4). Both mark a recurrent layer by 0 KV heads in a per-layer array. The byte vocabulary unless
+    `vocab` says "letters" (for the distribution tests, with `sharpen` as in write_tiny_model)."""
+    n_layer, head_dim = len(layers), n_embd // n_head
+    writer, w, n_vocab = _begin(path, arch, n_layer, n_embd, seed, perturb, perturb_seed, vocab)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv([n_head_kv if kind == "a" else 0 for kind in layers])
+    writer.add_rope_dimension_count(head_dim)
+    if arch == "lfm2":
+        writer.add_shortconv_l_cache(d_conv)
+    else:
+        _ssm_keys(writer, arch, n_embd, d_state, ssm_heads, d_conv)
+    writer.add_tensor("token_embd.weight", w(n_vocab, n_embd, scale=1.0))
+    for i, kind in enumerate(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        if kind == "a":
+            _attention(writer, w, i, n_embd, n_head_kv * head_dim, norms=head_dim if arch == "lfm2" else 0)
+        elif arch == "lfm2":
+            writer.add_tensor(f"blk.{i}.shortconv.conv.weight", w(n_embd, d_conv, scale=0.5))
+            writer.add_tensor(f"blk.{i}.shortconv.in_proj.weight", w(3 * n_embd, n_embd))
+            writer.add_tensor(f"blk.{i}.shortconv.out_proj.weight", w(n_embd, n_embd))
+        else:
+            _ssm_layer(writer, w, i, n_embd, d_state, ssm_heads, d_conv)
+        _ffn(writer, w, i, n_embd, n_ff)
+    return _end(writer, path, w, n_vocab, n_embd, logit_scale * sharpen, norm="token_embd_norm" if arch == "lfm2" else "output_norm")
+
+
+def write_tiny_moe(path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                   n_expert: int = 4, n_expert_used: int = 2, n_ff_exp: int = 64, perturb: float = 0.0,
+                   perturb_seed: int = 1234, logit_scale: float = 4.0) -> Path:
+    """A tiny qwen3moe (mixture of experts: a router picks n_expert_used of n_expert FFNs per token; the experts
+    of a layer are stacked in one tensor each, `ffn_{gate,up,down}_exps`); the byte vocabulary."""
+    head_dim = n_embd // n_head
+    writer, w, n_vocab = _begin(path, "qwen3moe", n_layer, n_embd, seed, perturb, perturb_seed)
+    writer.add_feed_forward_length(n_ff_exp * n_expert_used)
+    writer.add_expert_feed_forward_length(n_ff_exp)
+    writer.add_expert_count(n_expert)
+    writer.add_expert_used_count(n_expert_used)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_tensor("token_embd.weight", w(n_vocab, n_embd, scale=1.0))
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        _attention(writer, w, i, n_embd, n_head_kv * head_dim, norms=head_dim)
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", w(n_expert, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_gate_exps.weight", w(n_expert, n_ff_exp, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up_exps.weight", w(n_expert, n_ff_exp, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down_exps.weight", w(n_expert, n_embd, n_ff_exp))
+    return _end(writer, path, w, n_vocab, n_embd, logit_scale)
+
+
+def _begin(path, arch: str, n_layer: int, n_embd: int, seed: int, perturb: float, perturb_seed: int,
+           vocab: str = "bytes"):
+    """A writer with the header every architecture shares and a vocabulary; (writer, w, n_vocab)."""
+    tokens, types = vocabulary(vocab)
+    writer = GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_context_length(2048)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(0)
+    _add_vocab(writer, tokens, types)
+    return writer, _weights(seed, perturb, perturb_seed), len(tokens)
+
+
+def _end(writer, path, w, n_vocab: int, n_embd: int, logit_scale: float, norm: str = "output_norm") -> Path:
+    writer.add_tensor(f"{norm}.weight", np.ones(n_embd, dtype=np.float32))
     writer.add_tensor("output.weight", w(n_vocab, n_embd) * np.float32(logit_scale))
-    return _write(writer, path)
+    return _write(writer, Path(path))
+
+
+def _ssm_keys(writer, arch: str, n_embd: int, d_state: int, n_head: int, d_conv: int) -> None:
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
+    writer.add_uint32(f"{arch}.ssm.inner_size", 2 * n_embd)
+    writer.add_uint32(f"{arch}.ssm.state_size", d_state)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", n_head)  # the number of SSM heads
+    writer.add_uint32(f"{arch}.ssm.group_count", 1)
+
+
+def _ssm_layer(writer, w, i: int, n_embd: int, d_state: int, n_head: int, d_conv: int) -> None:
+    """A mamba2 layer's tensors (`ssm_a`/`ssm_d` have no .weight suffix; A is negative)."""
+    d_inner, n_group = 2 * n_embd, 1
+    conv_dim = d_inner + 2 * n_group * d_state
+    writer.add_tensor(f"blk.{i}.ssm_in.weight", w(d_inner + conv_dim + n_head, n_embd))
+    writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", w(conv_dim, d_conv, scale=0.5))
+    writer.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(conv_dim, dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_dt.bias", np.full(n_head, -1.0, dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_a", -np.exp(w.rng.uniform(0, 1, (n_head, 1))).astype(np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_d", np.ones((n_head, 1), dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_norm.weight", np.ones((n_group, d_inner // n_group), dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_out.weight", w(n_embd, d_inner))
+
+
+def _attention(writer, w, i: int, n_embd: int, n_kv: int, norms: int = 0) -> None:
+    """q, k, v and output projections; norms > 0 adds the per-head q/k norms of that size (qwen3, lfm2)."""
+    writer.add_tensor(f"blk.{i}.attn_q.weight", w(n_embd, n_embd))
+    writer.add_tensor(f"blk.{i}.attn_k.weight", w(n_kv, n_embd))
+    writer.add_tensor(f"blk.{i}.attn_v.weight", w(n_kv, n_embd))
+    writer.add_tensor(f"blk.{i}.attn_output.weight", w(n_embd, n_embd))
+    if norms:
+        writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(norms, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(norms, dtype=np.float32))
+
+
+def _ffn(writer, w, i: int, n_embd: int, n_ff: int) -> None:
+    writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(n_ff, n_embd))
+    writer.add_tensor(f"blk.{i}.ffn_up.weight", w(n_ff, n_embd))
+    writer.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
 
 
 def _weights(seed: int, perturb: float, perturb_seed: int):

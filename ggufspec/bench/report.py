@@ -148,6 +148,8 @@ def _costs_line(meta: dict) -> str:
     if c.get("ceiling_past_exact_kv", 0) > c["ceiling_speedup"] + 0.005:
         line += (f"; past {c['exact_kv']} cached tokens, where a round is one batch, "
                  f"{c['ceiling_past_exact_kv']:.2f}x ({c['ceiling_past_exact_kv_tokens_per_round']} tokens per round)")
+    if c.get("rollback"):
+        line += "\n" + rollback_line(c["rollback"], t[0])
     if c.get("why"):
         line += f"\nwhy: {c['why']}"
     return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
@@ -208,9 +210,24 @@ def costs_text(out: dict) -> str:
         else:
             lines.append(f"{name}: auto uses it where its acceptance rate is above {p['break_even_alpha']:.2f} "
                          f"(always right: {p['speedup_if_always_right']:.2f}x drafting {p['draft_max_if_always_right']})")
+    if out.get("rollback"):
+        lines.append(rollback_line(out["rollback"], t1))
     if out.get("why"):
         lines.append(f"why: {out['why']}")
     return "\n".join(lines)
+
+
+def rollback_line(r: dict, step: float) -> str:
+    """What a rewind costs a target whose memory cannot be cut, in one line (`costs.Rollback`)."""
+    if r.get("kept"):
+        return (f"rollback: this target's recurrent state ({r['state_bytes'] / 2**20:.2f} MiB) cannot be cut like a KV cache, "
+                f"but llama.cpp keeps it for the last {r['kept']} positions: a round drafting up to {r['kept']} tokens "
+                f"rewinds by a cut; a longer one saves it first ({1e3 * r['save_seconds']:.3f} ms) and at a rejection "
+                f"restores it ({1e3 * r['restore_seconds']:.3f} ms) and decodes the kept tokens again; auto counts both")
+    return (f"rollback: this target's recurrent state ({r['state_bytes'] / 2**20:.2f} MiB) cannot be cut like a KV cache: "
+            f"saving it before each verify batch takes {1e3 * r['save_seconds']:.3f} ms ({r['save_seconds'] / step:.2f} of a step), "
+            f"restoring it at a rejection {1e3 * r['restore_seconds']:.3f} ms plus the kept tokens decoded again; "
+            "auto counts both")
 
 
 def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:

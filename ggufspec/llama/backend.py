@@ -22,7 +22,7 @@ from ..errors import ContextFullError, GGUFSpecError
 from .gguf_info import file_stamp, read_info
 from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut
-from .runtime import C, build_features, init, interruptible, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
+from .runtime import C, build_features, decode_failed, init, interruptible, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 # Where llama.cpp put the weights, as its load log says: "load_tensors: CPU_REPACK model buffer size = 1.2 MiB".
@@ -223,7 +223,10 @@ class Context(Closing):
     such batches itself); `reusable` keeps only those, so a reused prompt is bit-identical to a cold one.
     """
 
-    def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None):
+    def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
+                 rollback: int = 0):
+        """rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
+        last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`)."""
         self.model = model
         self.n_vocab = model.n_vocab
         n_threads = n_threads or default_threads()
@@ -235,6 +238,7 @@ class Context(Closing):
         params.n_threads = int(n_threads)
         params.n_threads_batch = int(n_threads)
         params.no_perf = True
+        params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
         self._owned = True
         # llama.cpp logs while it allocates the KV cache: a signal then would be lost inside the log callback
         with interruptible():
@@ -276,7 +280,12 @@ class Context(Closing):
         # A recurrent state (mamba, and the recurrent layers of a hybrid) cannot be cut like a KV cache:
         # such a context saves that state before each decode and rewinds by restoring it (see truncate).
         self.cuttable = not cannot_be_cut(getattr(self.model, "_model", None))
-        self._checkpoints = Checkpoints()
+        self.checkpoints = Checkpoints(C.llama_n_rs_seq(self._ctx) if not self.cuttable else 0)
+
+    def no_rewind(self):
+        """A `with` block whose decodes the caller will not rewind into: where the memory cannot be cut, they
+        save no state (a rewind there is still right: it decodes again from an earlier state)."""
+        return self.checkpoints.paused()
 
     @property
     def n_past(self) -> int:
@@ -319,7 +328,7 @@ class Context(Closing):
         if logits == "all" and n > self.n_batch:
             raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
         if not self.cuttable:
-            self._checkpoints.save(self._ctx, self.n_past)
+            self.checkpoints.before(self._ctx, self.n_past, n)
         start = 0
         while start < n:
             end = min(n, start + self.n_batch)
@@ -333,7 +342,8 @@ class Context(Closing):
                 if logits == "last" and end == n:
                     self._out_buf[m - 1] = 1
             self._batch.n_tokens = m
-            self._check(C.llama_decode(self._ctx, self._batch), m)
+            self.checkpoints.batch_start = self.n_past
+            decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.n_ctx)
             if self.canonical == self.n_past and m == self.n_batch and self.n_past % self.n_batch == 0:
                 self.canonical += m
             self.tokens.extend(int(t) for t in tokens[start:end])
@@ -345,48 +355,31 @@ class Context(Closing):
         view.flags.writeable = False
         return view
 
-    def _check(self, rc: int, m: int) -> None:
-        if rc == 0:
-            return
-        if rc == 1:
-            raise ContextFullError(
-                f"the context is full: no KV slot for {m} tokens at position {self.n_past} (n_ctx={self.n_ctx}); raise -c or lower -n"
-            )
-        if rc == 2:
-            raise GGUFSpecError("llama_decode was aborted")
-        if rc == -1:
-            raise GGUFSpecError("llama_decode rejected the batch as invalid (a token id outside the vocabulary?)")
-        raise GGUFSpecError(f"llama_decode failed with code {rc} (out of memory or a backend error; --verbose shows more)")
-
     def truncate(self, n_keep: int) -> None:
         """Forget every position from n_keep on (rewinds rejected draft tokens). Where the memory cannot
         be cut (a recurrent state), restore the state saved at the latest position up to n_keep, cut the
-        attention part there, and decode the kept tokens after it again (from the start if none)."""
+        attention part there, and decode the kept tokens after it again (`Checkpoints.rewind`)."""
         if n_keep >= self.n_past:
             return
-        if self.cuttable:
-            if not C.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
-                raise GGUFSpecError(f"llama.cpp could not rewind the KV cache to position {n_keep}")
-            del self.tokens[n_keep:]
-            self.canonical = min(self.canonical, n_keep)
-            return
-        replay = self.tokens[:n_keep]
-        pos = self._checkpoints.restore(self._ctx, n_keep)
-        if pos is not None:
-            if not C.llama_memory_seq_rm(self._mem, 0, pos, -1):
-                raise GGUFSpecError(f"llama.cpp could not rewind the memory to position {pos}")
-            del self.tokens[pos:]
-            self.canonical = min(self.canonical, pos)
-        else:
-            self.clear()
-        if len(self.tokens) < n_keep:
-            self.decode(replay[len(self.tokens):], logits="none")
+        if not self.cuttable:
+            self.checkpoints.rewind(self, n_keep)
+        elif not self.cut(n_keep):
+            raise GGUFSpecError(f"llama.cpp could not rewind the KV cache to position {n_keep}")
+
+    def cut(self, n_keep: int) -> bool:
+        """Drop the memory's positions from n_keep on, if llama.cpp can (a recurrent state only within its
+        rollback; a hybrid's attention part always); whether it did."""
+        if not C.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            return False
+        del self.tokens[n_keep:]
+        self.canonical = min(self.canonical, n_keep)
+        return True
 
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)
         self.tokens.clear()
         self.canonical = 0
-        self._checkpoints.clear()
+        self.checkpoints.clear()
 
     def close(self) -> None:
         if getattr(self, "_batch_live", False):

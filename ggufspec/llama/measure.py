@@ -25,7 +25,7 @@ import numpy as np
 
 from .backend import Context, machine
 from .runtime import warn
-from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs
+from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs, Rollback
 from ..paths import costs_file
 
 
@@ -90,6 +90,30 @@ def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> int:
     return exact
 
 
+def measure_rollback(ctx: Context, repeats: int = 5) -> dict | None:
+    """What a rewind costs where the memory cannot be cut (None where it can): the recurrent state's size,
+    the seconds to save it (before every verify batch) and to restore it and cut the attention part (at every
+    rejection), each the fastest of `repeats`. Leaves the cache empty."""
+    if ctx.cuttable:
+        return None
+    tokens = _probe_tokens(ctx, 12)
+    ctx.clear()
+    ctx.decode(tokens[:8], logits="none")
+    base, save, restore = ctx.n_past, float("inf"), float("inf")
+    for _ in range(repeats):
+        ctx.checkpoints.clear()
+        start = time.perf_counter()
+        ctx.checkpoints.save(ctx._ctx, base)
+        save = min(save, time.perf_counter() - start)
+        ctx.decode(tokens[8:], logits="none")  # a verify batch of 4, rejected whole:
+        start = time.perf_counter()
+        ctx.truncate(base)  # the state saved before it restored, nothing decoded again
+        restore = min(restore, time.perf_counter() - start)
+    size = len(ctx.checkpoints.saved[-1][1])
+    ctx.clear()
+    return {"state_bytes": size, "save_seconds": save, "restore_seconds": restore, "kept": ctx.checkpoints.rollback}
+
+
 def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
     """Seconds per one-token draft step, after a warm-up (the first decodes page the weights in)."""
     tokens = _probe_tokens(ctx, 8 + n)
@@ -127,7 +151,8 @@ def reach(ctx: Context) -> tuple[int, int]:
 def serves(entry: dict, ctx: Context) -> bool:
     """Whether a valid cached table reaches as far as this context can use."""
     rows, kv = reach(ctx)
-    return len(entry["target_batch_seconds"]) >= rows and entry.get("kv_reach", 0) >= kv
+    return (len(entry["target_batch_seconds"]) >= rows and entry.get("kv_reach", 0) >= kv
+            and (ctx.cuttable or (entry.get("rollback") or {}).get("kept") == ctx.checkpoints.rollback))
 
 
 NOISE = 1e-3  # seconds: differences below a millisecond are timer and scheduler noise, not a busy machine
@@ -157,7 +182,7 @@ def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
     else:
         warn(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
     entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "kv_reach": reach(ctx)[1],
-             "machine": machine()["summary"]}
+             "rollback": measure_rollback(ctx), "machine": machine()["summary"]}
     return entry, ok
 
 
@@ -224,7 +249,12 @@ def valid_target_entry(entry) -> bool:
     return (isinstance(seconds, list) and len(seconds) >= 1 and all(map(_positive, seconds))
             and isinstance(exact, int) and not isinstance(exact, bool) and exact >= 1
             and (kv is None or (isinstance(kv, int) and not isinstance(kv, bool) and kv >= 1))
-            and isinstance(entry.get("kv_reach", 0), int))
+            and isinstance(entry.get("kv_reach", 0), int) and _valid_rollback(entry.get("rollback")))
+
+
+def _valid_rollback(r) -> bool:
+    return r is None or (isinstance(r, dict) and isinstance(r.get("state_bytes"), int) and isinstance(r.get("kept"), int)
+                         and all(isinstance(r.get(k), (int, float)) and r[k] >= 0 for k in ("save_seconds", "restore_seconds")))
 
 
 def valid_draft_entry(entry) -> bool:
@@ -255,4 +285,6 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             new[dkey] = d
         draft_seconds = d["token_seconds"]
     _update_cache(new)
-    return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"))
+    rollback = entry.get("rollback")
+    return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
+                 Rollback(*(rollback[k] for k in ("state_bytes", "save_seconds", "restore_seconds", "kept"))) if rollback else None)

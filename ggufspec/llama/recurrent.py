@@ -1,16 +1,28 @@
 """Rewinding a memory that cannot be cut: a recurrent state (mamba2; the recurrent layers of a hybrid)
 has no positions to drop, so llama.cpp refuses a partial `llama_memory_seq_rm` there. The state is saved
-before each decode (its recurrent part only: `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`) and a rewind restores
-the one saved at the latest position up to the cut; the context then cuts the attention part there and
-decodes the kept tokens after it again."""
+before each decode that may be rewound (its recurrent part only: `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`), and a
+rewind restores the one saved at the latest position up to the cut; the context then cuts the attention
+part there and decodes the kept tokens after it again. A draft that decodes one token at a time has a state
+saved at every position, so its rewinds decode nothing again.
+
+Some architectures (lfm2, qwen35, nemotron-h; llama.cpp's `llm_arch_supports_rs_rollback`) can also keep the
+states of the last `n_rs_seq` positions themselves: a rewind into the last decoded batch that keeps at least one
+of its tokens is then a plain cut, exact and with nothing decoded again (tested bit for bit). A rewind that
+removes a whole batch is not (its logits come out different, though llama.cpp says it succeeded), so that one,
+and any beyond n_rs_seq positions, goes the checkpoint way."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
+from ..errors import GGUFSpecError
 from .runtime import C
 
 PARTIAL = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+# The positions a target's context asks llama.cpp to keep states for (n_rs_seq): a verify batch of up to this
+# many drafts rewinds by a cut. Each costs a copy of the recurrent state in memory.
+ROLLBACK_ROWS = 8
 
 
 def cannot_be_cut(model_ptr) -> bool:
@@ -21,29 +33,73 @@ def cannot_be_cut(model_ptr) -> bool:
 class Checkpoints:
     """The recurrent state of sequence 0 at recent positions, oldest first (at most `limit`)."""
 
-    def __init__(self, limit: int = 32):
+    def __init__(self, rollback: int = 0, limit: int = 32):
+        self.rollback = rollback  # llama.cpp's n_rs_seq for this context (0: none)
+        self.batch_start = 0  # where the last llama_decode's batch began
         self.limit = limit
         self.saved: list[tuple[int, ctypes.Array]] = []
+        self.active = True
+        self._spare: list[ctypes.Array] = []  # buffers of dropped states, used again (a state may be megabytes)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Save nothing while this lasts (the caller will not rewind into what it decodes now)."""
+        was, self.active = self.active, False
+        try:
+            yield
+        finally:
+            self.active = was
+
+    def before(self, ctx, position: int, n: int) -> None:
+        """Before a decode of n tokens at `position`: save the state unless llama.cpp's rollback covers a rewind
+        into them (any keeping one of them, at most n - 1 removed)."""
+        if not (self.rollback and n - 1 <= self.rollback):
+            self.save(ctx, position)
 
     def save(self, ctx, position: int) -> None:
-        if self.saved and self.saved[-1][0] == position:
+        if not self.active or (self.saved and self.saved[-1][0] == position):
             return
         size = C.llama_state_seq_get_size_ext(ctx, 0, PARTIAL)
-        state = (ctypes.c_uint8 * size)()
+        state = next((b for b in self._spare if len(b) == size), None)
+        if state is None:
+            state = (ctypes.c_uint8 * size)()
+        else:
+            self._spare.remove(state)
         C.llama_state_seq_get_data_ext(ctx, state, size, 0, PARTIAL)
         self.saved.append((position, state))
-        del self.saved[:-self.limit]
+        while len(self.saved) > self.limit:
+            self._drop(0)
 
     def restore(self, ctx, n_keep: int) -> int | None:
         """Restore the state saved at the latest position up to n_keep and return that position (None: no
         such state; the caller starts over). Later states are dropped."""
         while self.saved and self.saved[-1][0] > n_keep:
-            self.saved.pop()
+            self._drop(-1)
         if not self.saved:
             return None
         position, state = self.saved[-1]
         C.llama_state_seq_set_data_ext(ctx, state, len(state), 0, PARTIAL)
         return position
 
+    def rewind(self, context, n_keep: int) -> None:
+        """Rewind a backend.Context to n_keep tokens: restore, cut the attention part, decode the rest again."""
+        if (self.rollback and context.n_past - n_keep <= self.rollback and n_keep > self.batch_start
+                and context.cut(n_keep)):  # llama.cpp rolled its state back itself
+            while self.saved and self.saved[-1][0] > n_keep:
+                self._drop(-1)
+            return
+        replay = context.tokens[:n_keep]
+        position = self.restore(context._ctx, n_keep)
+        if position is None:
+            context.clear()
+        elif not context.cut(position):
+            raise GGUFSpecError(f"llama.cpp could not rewind the memory to position {position}")
+        if context.n_past < n_keep:
+            context.decode(replay[context.n_past:], logits="none")
+
+    def _drop(self, i: int) -> None:
+        self._spare = [self.saved.pop(i)[1]] + self._spare[:1]
+
     def clear(self) -> None:
-        self.saved.clear()
+        while self.saved:
+            self._drop(-1)

@@ -19,6 +19,7 @@ import llama_cpp as C
 from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: F401 (ggufspec.llama_draft's base class)
 
 from . import system
+from ..errors import ContextFullError, GGUFSpecError
 
 
 class Runtime:
@@ -154,3 +155,17 @@ def server_modules():
     from llama_cpp.server import model as server_model
 
     return server_model, server_main
+
+
+def decode_failed(rc: int, m: int, n_past: int, n_ctx: int) -> None:
+    """Raise the one clear error for llama_decode's return code rc (0: nothing) on a batch of m tokens at n_past."""
+    if rc == 0:
+        return
+    if rc == 1:
+        raise ContextFullError(
+            f"the context is full: no KV slot for {m} tokens at position {n_past} (n_ctx={n_ctx}); raise -c or lower -n")
+    if rc == 2:
+        raise GGUFSpecError("llama_decode was aborted")
+    if rc == -1:
+        raise GGUFSpecError("llama_decode rejected the batch as invalid (a token id outside the vocabulary?)")
+    raise GGUFSpecError(f"llama_decode failed with code {rc} (out of memory or a backend error; --verbose shows more)")

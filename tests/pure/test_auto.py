@@ -199,3 +199,35 @@ def test_why_speaks_where_each_verified_token_costs_most_of_a_step():
     assert cpu_q8_like().why("Q8_0") is None  # 0.32 of a step: verification is cheap enough
     slow_q8 = Costs([0.05 * s for s in (1, 1.9, 2.8, 3.6)], 3)
     assert "GPU" in slow_q8.why("Q8_0") and "Q8_0 build" not in slow_q8.why("Q8_0")
+
+
+def test_a_rollback_is_counted_and_auto_drafts_shorter_or_not_at_all_where_it_costs_more_than_it_saves():
+    """Where the target's memory cannot be cut, a round pays a state save, and at a rejection after j accepted
+    drafts (probability a^j (1 - a)) a restore and the j + 1 kept tokens decoded again."""
+    from dataclasses import replace
+
+    from ggufspec.costs import Rollback
+
+    gpu = gpu_like()
+    r = Rollback(state_bytes=1 << 20, save_seconds=0.002, restore_seconds=0.003)
+    rolled = replace(gpu, rollback=r)
+    a, n = 0.6, 3
+    rejections = sum(a ** j * (1 - a) * (0.003 + gpu.batch_seconds(j + 1)) for j in range(n))
+    assert rolled.rewind_seconds(n, a) == pytest.approx(0.002 + rejections)
+    assert rolled.rewind_seconds(0, a) == 0.0 and gpu.rewind_seconds(n, a) == 0.0
+    assert rolled.rewind_seconds(n, 1.0) == pytest.approx(0.002)  # every draft accepted: the save alone
+    assert rolled.speedup(a, n, 0.006) < gpu.speedup(a, n, 0.006)
+    # On a GPU decoding the kept tokens again costs most of a target step at each rejection: the best round at
+    # a = 0.7 falls from 1.66x drafting 3 to 1.17x drafting 2 even where saving and restoring were free.
+    # A dearer restore shortens the draft more, and then drafting no longer pays at all.
+    free, cheap, dear = (replace(gpu, rollback=replace(r, save_seconds=0.0, restore_seconds=s)).best_length(0.7, 0.006)
+                         for s in (0.0, 0.01, 0.1))
+    assert gpu.best_length(0.7, 0.006)[1] == 3 and free[1] == 2 and free[0] == pytest.approx(1.17, abs=0.01)
+    assert cheap[0] < free[0] and dear == (pytest.approx(dear[0]), 1) and dear[0] < 1.0
+    # where llama.cpp keeps the states of the last 4 positions itself, a round of up to 4 drafts rewinds by a cut
+    kept = replace(gpu, rollback=replace(r, kept=4))
+    assert kept.rewind_seconds(4, a) == 0.0 and kept.best_length(0.7, 0.006) == gpu.best_length(0.7, 0.006)
+    d = AutoDrafter(Verification.of(gpu, False), replace(gpu, rollback=replace(r, restore_seconds=0.1)),
+                    lookup=LookupDrafter(), model=object(), draft_cost=0.006)
+    d.model_alpha = Estimate(0.7, 1000)
+    assert d.propose([1, 2, 3], 8, None, None).source == "target"  # nothing drafted: the target steps alone
