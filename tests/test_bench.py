@@ -125,6 +125,10 @@ def test_llama_cpp_text_is_compared_with_the_targets():
     assert same_text("Hello! How can I help?", "Hello! How can I h\ufffd")  # a token cut mid-character
     assert not same_text("Hello! What do you need?", "Hello! How can I help?")
     assert same_text(None, "x") is None and same_text("", "x") is None
+    # bytes, as compared: texts that are not UTF-8 (a tiny random model's bytes) differ where their decodings would not
+    assert generated_text(b"\n" + prompt.encode() + b"\xff\xfeab", prompt.encode()) == b"\xff\xfeab"
+    assert same_text(b"\xff\xfeab", b"\xff\xfe") and not same_text(b"\xff", b"\xfe")
+    assert b"\xff".decode("utf-8", "replace") == b"\xfe".decode("utf-8", "replace")
 
 
 def test_leviathan_formula():
@@ -274,3 +278,32 @@ def test_sigterm_or_sighup_during_bench_keeps_the_finished_rows(tiny, tmp_path, 
     out = out.decode()
     assert "target" in out and "lookup" in out and "tok/s" in out
     assert sorted(p.name for p in outputs.iterdir()), "no text was saved"
+
+
+def test_a_llama_cpp_program_that_crashes_is_named_run_again_and_its_row_left_out(tmp_path):
+    """llama.cpp's speculative-simple dies of a signal now and then: the message names the signal (its last
+    line says nothing of it), one crash is run again, two leave that row out in one line; ggufspec's rows stay."""
+    import stat
+
+    from ggufspec.bench.reference import ProgramDied, _run_twice, speculative_simple
+
+    program = tmp_path / "llama-speculative-simple"
+    program.write_text("#!/bin/sh\necho 'llama threadpool init, n_threads = 2' >&2\nkill -SEGV $$\n")
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(ProgramDied, match=r"llama-speculative-simple \(ngram-mod\) died of SIGSEGV"):
+        speculative_simple(tmp_path, tmp_path / "t.gguf", None, "hi", 8, 2, 512, 4, "ngram-mod")
+    said, calls = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ProgramDied("llama-speculative-simple (ngram-mod) died of SIGSEGV")
+        return {"ok": True}
+
+    assert _run_twice(flaky, said.append) == {"ok": True} and said == []
+
+    def dead():
+        raise ProgramDied("llama-speculative-simple (ngram-mod) died of SIGSEGV")
+
+    assert _run_twice(dead, said.append) is None
+    assert said == ["ggufspec: llama-speculative-simple (ngram-mod) died of SIGSEGV twice; its row is left out"]

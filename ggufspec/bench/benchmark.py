@@ -69,12 +69,17 @@ def _reference_depths(engine: Engine, prompts: list[Prompt], by: str) -> dict[st
 
 
 def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by: str):
-    """(prompt texts by group, ggufspec's target speed by group, (label, target-only text) by group)
-    for llama.cpp's rows: by suite when the table is, else over all prompts."""
+    """(prompt texts by group, ggufspec's target speed by group, (label, target-only text's bytes, as llama.cpp
+    prints them: special tokens as their text) by group) for llama.cpp's rows: by suite when the table is, else
+    over all prompts. A text is compared up to its first end-of-generation token: past it llama.cpp's --ignore-eos
+    and ggufspec's part ways (llama.cpp never picks that token; ggufspec writes it and goes on)."""
     key = _group_key(by)
     groups: dict[str, list[str]] = {}
-    texts: dict[str, list[tuple[str, str | None]]] = {}
-    mine = {r.prompt: r.text for r in runs if r.config.mode == "target" and r.repeat == 0}
+    texts: dict[str, list[tuple[str, bytes | None]]] = {}
+    model = engine.target_model
+    ends = [[i for i, t in enumerate(r.tokens) if model.eog_mask[t]][:1] or [len(r.tokens)] for r in runs]
+    mine = {r.prompt: b"".join(model.token_to_piece(t, special=True) for t in r.tokens[:end[0]])
+            for r, end in zip(runs, ends) if r.config.mode == "target" and r.repeat == 0}
     for p in prompts:
         groups.setdefault(key(p), []).append(prompt_text(engine, p))
         texts.setdefault(key(p), []).append((p.label, mine.get(p)))

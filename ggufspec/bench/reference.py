@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
 from ..errors import GGUFSpecError
+from ..llama.runtime import warn
 
 
 def _env(bin_dir: Path) -> dict:
@@ -59,9 +61,11 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
            "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
     if draft is not None and spec_type.startswith("draft"):
         cmd[3:3] = ["-md", str(draft)]
-    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)
-    text = out.stdout + out.stderr
+    out = subprocess.run(cmd, capture_output=True, env=_env(bin_dir), timeout=1800)
+    text = (out.stdout + out.stderr).decode("utf-8", "replace")
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    if out.returncode < 0:  # killed by a signal: its last line says nothing of why
+        raise ProgramDied(f"llama-speculative-simple ({spec_type}) died of {_signal_name(-out.returncode)}")
     if out.returncode != 0 or not m:
         last = [line for line in text.splitlines() if line.strip()][-1:] or ["?"]
         raise GGUFSpecError(f"llama-speculative-simple failed: {last[0]}")
@@ -69,20 +73,44 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
     accepted = re.search(r"n_accept\s*=\s*(\d+)", text)
     return {"n_generated": int(m.group(1)), "seconds": float(m.group(2)),
             "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accepted": int(accepted.group(1)) if accepted else 0,
-            "text": generated_text(out.stdout, prompt_text)}
+            "text": generated_text(out.stdout, prompt_text.encode("utf-8", "surrogateescape"))}
 
 
-def generated_text(stdout: str, prompt_text: str) -> str | None:
-    """What speculative-simple generated: its standard output after the prompt it echoes (None: not found)."""
+class ProgramDied(GGUFSpecError):
+    """llama.cpp's program was killed by a signal (it crashed): run again once, then leave its row out."""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _run_twice(run, warn):
+    """run(), again if llama.cpp's program crashed (seen now and then with its n-gram drafters); None, with
+    one line through warn, if it crashed twice."""
+    for attempt in range(2):
+        try:
+            return run()
+        except ProgramDied as e:
+            if attempt:
+                warn(f"ggufspec: {e} twice; its row is left out")
+    return None
+
+
+def generated_text(stdout, prompt_text):
+    """What speculative-simple generated: its standard output after the prompt it echoes (None: not found);
+    bytes from bytes (what is compared: two byte strings that are not UTF-8 may read the same once decoded)."""
     i = stdout.find(prompt_text)
     return None if i < 0 else stdout[i + len(prompt_text):]
 
 
-def same_text(ours: str | None, theirs: str | None) -> bool | None:
-    """Whether two greedy texts of about the same length agree: the shorter is the longer's beginning
-    (llama.cpp may print a round's accepted drafts past -n; a token cut mid-character prints as U+FFFD,
-    dropped here). None where either is unknown or empty."""
-    a, b = ((t or "").rstrip().rstrip("\ufffd") for t in (ours, theirs))
+def same_text(ours, theirs) -> bool | None:
+    """Whether two greedy texts (str or bytes) of about the same length agree: the shorter is the longer's
+    beginning (llama.cpp may print a round's accepted drafts past -n; in a str, a token cut mid-character
+    prints as U+FFFD, dropped here). None where either is unknown or empty."""
+    a, b = (None if t is None else t.rstrip().rstrip("\ufffd") if isinstance(t, str) else t.rstrip() for t in (ours, theirs))
     if not a or not b:
         return None
     return a.startswith(b) or b.startswith(a)
@@ -128,10 +156,12 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
         for spec_type, k in configs:
             runs = []
             for text in texts:
-                runs.append(speculative_simple(bin_dir, target, draft, text, n_tokens, threads, n_ctx, k or max(draft_max),
-                                               spec_type))
+                runs.append(_run_twice(lambda: speculative_simple(bin_dir, target, draft, text, n_tokens, threads, n_ctx,
+                                                                  k or max(draft_max), spec_type), warn))
                 if progress:
                     progress(1)
+            if None in runs:
+                continue
             tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
             drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
             label = f"draft model (draft-max {k})" if k else spec_type
