@@ -68,6 +68,7 @@ class Costs:
     draft_token_seconds: float | None = None  # one draft step (None: no draft model)
     exact_kv: int | None = None  # ... while the KV cache holds at most this many tokens (None: every length checked)
     rollback: Rollback | None = None  # what a rewind costs where the target's memory cannot be cut
+    experts: tuple[int, int] | None = None  # a mixture-of-experts target's (experts per token, experts per layer)
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
 
     def batch_seconds(self, n: int) -> float:
@@ -163,7 +164,21 @@ class Costs:
                 "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,
                 "verify_chunk": self.chunk(verify_batch) if verify_batch else None,
                 "drafters": drafters, "why": self.why(quant),
-                "rollback": None if self.rollback is None else vars(self.rollback)}
+                "rollback": None if self.rollback is None else vars(self.rollback), "routing": self.routing()}
+
+    def routing(self, n: int = 4) -> dict | None:
+        """For a mixture-of-experts target: how many distinct experts per layer a batch of n tokens needs against
+        one token's, if tokens pick their experts independently and evenly (k of e each: e (1 - (1 - k/e)^n)), and
+        what a batch of n was measured to cost in steps. A step reads its k experts' weights; a verify batch reads
+        up to that many times more, so where decoding is bound by reading weights (a GPU, a CPU with few threads
+        left idle) routing makes a verify batch dearer than a dense model's of the same active size."""
+        if not self.experts:
+            return None
+        k, e = self.experts
+        n = min(n, len(self.target_batch_seconds))
+        distinct = e * (1.0 - (1.0 - k / e) ** n)
+        return {"experts_used": k, "experts": e, "batch": n, "distinct_experts": distinct,
+                "batch_steps": self.batch_seconds(n) / self.batch_seconds(1)}
 
     def why(self, quant: str | None = None) -> str | None:
         """One line where verifying costs most of a step per extra token (speculation gains little

@@ -134,12 +134,21 @@ def test_sampled_output_follows_a_hybrid_targets_distribution(tmp_path_factory, 
     assert np.isclose(p.sum(), 1.0)
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "lfm2"])
-def test_costs_and_target_mode_run_on_a_model_that_cannot_be_cut(shapes, arch):
+@pytest.mark.parametrize("arch", ["mamba2", "lfm2", "qwen3moe"])
+def test_costs_and_target_mode_run_on_every_shape_and_say_what_rewinds_and_routing_cost(shapes, arch):
     from clirun import run
 
     r = run("costs", "-m", shapes[arch]["target"], "-md", shapes[arch]["close"])
     assert r.exit_code == 0 and "draft step" in r.stdout, r.output
+    said = {line.split(":")[0]: line for line in r.stdout.splitlines()}
+    assert ("rollback" in said) == (arch != "qwen3moe") and ("routing" in said) == (arch == "qwen3moe")
+    if arch == "mamba2":  # llama.cpp keeps no states of a mamba2: checkpoints
+        assert "this target's recurrent state (0.02 MiB) cannot be cut like a KV cache: saving it" in said["rollback"]
+    elif arch == "lfm2":
+        assert "llama.cpp keeps it for the last 8 positions: a round drafting up to 8 tokens rewinds by a cut" in said["rollback"]
+    else:
+        assert said["routing"].startswith("routing: this target sends each token to 2 of 4 experts per layer, so a batch "
+                                          "of 4 needs about 3.8 distinct experts (1.9x a step's expert weights")
     g = run("generate", "-m", shapes[arch]["target"], "-p", "hello", "-n", 8, "--mode", "target")
     assert g.exit_code == 0, g.output
 
@@ -166,3 +175,24 @@ def test_a_recurrent_draft_serves_llama_and_a_recurrent_llama_target_is_named(sh
     with pytest.raises(GGUFSpecError, match="a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot rewind"):
         other.attach(recurrent)
     other.close()
+
+
+def test_bench_on_a_hybrid_target_pair_beside_llama_cpps_checkpointing(shapes):
+    """`ggufspec bench` on the lfm2 pair with llama.cpp's own programs: every ggufspec mode writes the target's
+    text, and so does llama.cpp's speculative-simple, which speculates on a hybrid target with checkpoints."""
+    import json
+
+    from clirun import run
+    from test_llama_cpp_text import llama_simple
+
+    bin_dir = llama_simple().parent
+    r = run("bench", "-m", shapes["lfm2"]["target"], "-md", shapes["lfm2"]["close"], "--suite", "code,fix", "--limit",
+            "1", "-n", "32", "--modes", "target,draft,lookup,auto", "--compare-llama-cpp", bin_dir, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    rows = {row["label"]: row["identical_to_target"] for row in out["rows"]}
+    ours = [label for label in rows if not label.startswith(("target", "draft-alone", "llama.cpp"))]
+    theirs = [label for label in rows if label.startswith("llama.cpp speculative-simple")]
+    assert len(ours) == 3 and len(theirs) == 3, rows
+    assert all(rows[label] is True for label in ours + theirs), rows
+    assert out["costs"]["rollback"]["kept"] == 8  # llama.cpp keeps lfm2's last states itself

@@ -150,6 +150,8 @@ def _costs_line(meta: dict) -> str:
                  f"{c['ceiling_past_exact_kv']:.2f}x ({c['ceiling_past_exact_kv_tokens_per_round']} tokens per round)")
     if c.get("rollback"):
         line += "\n" + rollback_line(c["rollback"], t[0])
+    if c.get("routing"):
+        line += "\n" + routing_line(c["routing"])
     if c.get("why"):
         line += f"\nwhy: {c['why']}"
     return line + ("\n" + _prefill_line(meta) if "prefill" in meta else "")
@@ -212,9 +214,18 @@ def costs_text(out: dict) -> str:
                          f"(always right: {p['speedup_if_always_right']:.2f}x drafting {p['draft_max_if_always_right']})")
     if out.get("rollback"):
         lines.append(rollback_line(out["rollback"], t1))
+    if out.get("routing"):
+        lines.append(routing_line(out["routing"]))
     if out.get("why"):
         lines.append(f"why: {out['why']}")
     return "\n".join(lines)
+
+
+def routing_line(r: dict) -> str:
+    """How a mixture-of-experts target's routing changes what a verify batch costs, in one line (`Costs.routing`)."""
+    return (f"routing: this target sends each token to {r['experts_used']} of {r['experts']} experts per layer, so a batch of "
+            f"{r['batch']} needs about {r['distinct_experts']:.1f} distinct experts ({r['distinct_experts'] / r['experts_used']:.1f}x "
+            f"a step's expert weights, evenly routed); measured here it costs {r['batch_steps']:.2f} steps")
 
 
 def rollback_line(r: dict, step: float) -> str:

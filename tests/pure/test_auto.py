@@ -201,6 +201,15 @@ def test_why_speaks_where_each_verified_token_costs_most_of_a_step():
     assert "GPU" in slow_q8.why("Q8_0") and "Q8_0 build" not in slow_q8.why("Q8_0")
 
 
+def test_routing_says_how_many_experts_a_verify_batch_reads():
+    from dataclasses import replace
+
+    c = replace(cpu_like(), experts=(8, 128))  # Qwen3-30B-A3B's routing
+    r = c.routing()
+    assert r["distinct_experts"] == pytest.approx(128 * (1 - (1 - 8 / 128) ** 4)) == pytest.approx(29.1, abs=0.1)
+    assert r["batch_steps"] == pytest.approx(0.130 / 0.043) and cpu_like().routing() is None
+
+
 def test_a_rollback_is_counted_and_auto_drafts_shorter_or_not_at_all_where_it_costs_more_than_it_saves():
     """Where the target's memory cannot be cut, a round pays a state save, and at a rejection after j accepted
     drafts (probability a^j (1 - a)) a restore and the j + 1 kept tokens decoded again."""
