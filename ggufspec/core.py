@@ -12,7 +12,6 @@ from typing import ContextManager, Literal, Protocol, Sequence
 import numpy as np
 
 
-
 @dataclass(frozen=True)
 class Mode:
     """A way to generate: which drafter speculates for the target, if any."""

@@ -72,7 +72,7 @@ class Engine(Closing):
         # (remeasure=True measures again, e.g. after the machine's load or clocks changed).
         self.costs = costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure) if measure or remeasure else None
         if self.costs is not None:
-            self.costs.experts = self._experts()
+            self.costs.experts = self.target_model.info.experts
         # The draft's drafter follows the draft context's cache from one generation to the next.
         self.model_drafter = ModelDrafter(self.draft_ctx,
                                           target_n_vocab=self.target_model.n_vocab) if self.draft_model else None
@@ -86,12 +86,6 @@ class Engine(Closing):
         """The verification policy for greedy rounds on this target (exact None: the default here)."""
         kw = {} if tie_margin is None else {"tie_margin": tie_margin}
         return Verification.of(self.costs, exact, **kw)
-
-    def _experts(self) -> tuple[int, int] | None:
-        """(experts per token, experts per layer) of a mixture-of-experts target, from its GGUF (None: dense)."""
-        arch = self.target_model.meta("general.architecture")
-        used, count = (self.target_model.meta(f"{arch}.expert_{key}") for key in ("used_count", "count"))
-        return (int(used), int(count)) if used and count and int(count) > 1 and int(used) >= 1 else None
 
     def weights(self) -> dict:
         """Where llama.cpp put each model's weights, as it reported it: {role: {buffer: MiB}}."""

@@ -31,3 +31,12 @@ def two_sample_chi2(a: dict, b: dict) -> tuple[float, int]:
         ex, ey = total * na / (na + nb), total * nb / (na + nb)
         stat += (x - ex) ** 2 / ex + (y - ey) ** 2 / ey
     return stat, len(rows) - 1
+
+
+def assert_follows_p_not_q(counts: np.ndarray, p: np.ndarray, q: np.ndarray) -> None:
+    """The samples follow the target's p (chi-square below the 1e-4 tail) and not the draft's q (three times
+    past it: the draft differs enough from the target for the test to mean anything)."""
+    stat_p, df_p = chi2(counts, p)
+    stat_q, df_q = chi2(counts, q)
+    assert stat_p < chi2_critical(df_p), f"speculative samples do not follow p: chi2 {stat_p:.1f} on {df_p} df"
+    assert stat_q > 3 * chi2_critical(df_q), "the draft is too close to the target for this test to mean anything"

@@ -8,7 +8,7 @@ import ggufspec.speculative as speculative
 from ggufspec import Engine
 from ggufspec.llama.backend import Context, Model
 from ggufspec.sampling import SamplingParams, probs_from_logits, sample
-from stats import chi2, chi2_critical
+from stats import assert_follows_p_not_q, chi2, chi2_critical
 
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "a", "12345 67890", "{[()]}", "zzz zzz zzz zzz", "Once upon a time"]
 
@@ -215,10 +215,7 @@ def test_sampled_speculative_follows_target_distribution(letters_pair, params, r
     p = _joint_two_tokens(e.target_ctx, prompt, params)
     q = _joint_two_tokens(e.draft_ctx, prompt, params)
     counts = _sample_two_tokens(e, prompt, params, 4000, rule=rule)
-    stat_p, df_p = chi2(counts, p)
-    stat_q, df_q = chi2(counts, q)
-    assert stat_p < chi2_critical(df_p), f"speculative samples do not follow p: chi2 {stat_p:.1f} on {df_p} df"
-    assert stat_q > 3 * chi2_critical(df_q), "the draft is too close to the target for this test to mean anything"
+    assert_follows_p_not_q(counts, p, q)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from clirun import run
 
 
-@pytest.mark.parametrize("damage", ["a string", "missing key", "list", "zeros", "null exact"])
+@pytest.mark.parametrize("damage", ["a string", "missing key", "list", "zeros", "null exact", "rollback"])
 def test_a_damaged_cost_entry_is_measured_again_and_doctor_names_the_file(tiny, damage):
     from ggufspec.paths import costs_file
 
@@ -25,6 +25,8 @@ def test_a_damaged_cost_entry_is_measured_again_and_doctor_names_the_file(tiny, 
             cache[key] = {k: v for k, v in cache[key].items() if k not in ("exact_batch", "token_seconds")}
         elif damage == "list":
             cache[key] = []
+        elif damage == "rollback":  # a target entry's rewind costs of the wrong shape (the draft's: no such key)
+            cache[key] = {**cache[key], "rollback": {"state_bytes": "x", "kept": 0}, "token_seconds": -1}
         elif damage == "zeros":
             cache[key] = {**cache[key], "target_batch_seconds": [0.0] * 9, "token_seconds": 0}
         else:

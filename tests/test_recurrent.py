@@ -10,7 +10,7 @@ import pytest
 from ggufspec import Engine
 from ggufspec.llama.backend import Context, Model
 from ggufspec.sampling import SamplingParams
-from stats import chi2, chi2_critical
+from stats import assert_follows_p_not_q
 from test_engine import _joint_two_tokens, _sample_two_tokens
 from tiny import write_tiny_hybrid, write_tiny_mamba2, write_tiny_moe
 
@@ -127,10 +127,7 @@ def test_sampled_output_follows_a_hybrid_targets_distribution(tmp_path_factory, 
         p = _joint_two_tokens(e.target_ctx, prompt, params)
         q = _joint_two_tokens(e.draft_ctx, prompt, params)
         counts = _sample_two_tokens(e, prompt, params, 3000, rule=rule)
-    stat_p, df_p = chi2(counts, p)
-    stat_q, df_q = chi2(counts, q)
-    assert stat_p < chi2_critical(df_p), f"speculative samples do not follow p: chi2 {stat_p:.1f} on {df_p} df"
-    assert stat_q > 3 * chi2_critical(df_q), "the draft is too close to the target for this test to mean anything"
+    assert_follows_p_not_q(counts, p, q)
     assert np.isclose(p.sum(), 1.0)
 
 
@@ -151,6 +148,25 @@ def test_costs_and_target_mode_run_on_every_shape_and_say_what_rewinds_and_routi
                                           "of 4 needs about 3.8 distinct experts (1.9x a step's expert weights")
     g = run("generate", "-m", shapes[arch]["target"], "-p", "hello", "-n", 8, "--mode", "target")
     assert g.exit_code == 0, g.output
+
+
+def test_a_cached_table_without_the_rewind_costs_of_a_recurrent_target_is_measured_again(shapes):
+    """A table cached without `rollback` (by a version that did not measure it, or for a context llama.cpp kept
+    other states for) does not serve a target whose memory cannot be cut: it is measured again and rewritten."""
+    import json
+
+    from clirun import run
+    from ggufspec.paths import costs_file
+
+    assert run("costs", "-m", shapes["lfm2"]["target"]).exit_code == 0
+    cache = json.loads(costs_file().read_text())
+    (key,) = [k for k in cache if "lfm2.gguf" in k]
+    assert cache[key]["rollback"]["kept"] == 8
+    for stale in ({k: v for k, v in cache[key].items() if k != "rollback"}, {**cache[key], "rollback": {**cache[key]["rollback"], "kept": 0}}):
+        costs_file().write_text(json.dumps({key: stale}))
+        r = run("costs", "-m", shapes["lfm2"]["target"])
+        assert r.exit_code == 0 and "llama.cpp keeps it for the last 8 positions" in r.stdout, r.output
+        assert json.loads(costs_file().read_text())[key]["rollback"]["kept"] == 8
 
 
 def test_a_recurrent_draft_serves_llama_and_a_recurrent_llama_target_is_named(shapes, tiny):

@@ -77,9 +77,12 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
     groups: dict[str, list[str]] = {}
     texts: dict[str, list[tuple[str, bytes | None]]] = {}
     model = engine.target_model
-    ends = [[i for i, t in enumerate(r.tokens) if model.eog_mask[t]][:1] or [len(r.tokens)] for r in runs]
-    mine = {r.prompt: b"".join(model.token_to_piece(t, special=True) for t in r.tokens[:end[0]])
-            for r, end in zip(runs, ends) if r.config.mode == "target" and r.repeat == 0}
+
+    def until_end(tokens: list[int]) -> bytes:
+        end = next((i for i, t in enumerate(tokens) if model.eog_mask[t]), len(tokens))
+        return b"".join(model.token_to_piece(t, special=True) for t in tokens[:end])
+
+    mine = {r.prompt: until_end(r.tokens) for r in runs if r.config.mode == "target" and r.repeat == 0}
     for p in prompts:
         groups.setdefault(key(p), []).append(prompt_text(engine, p))
         texts.setdefault(key(p), []).append((p.label, mine.get(p)))

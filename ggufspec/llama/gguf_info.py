@@ -43,6 +43,13 @@ class GGUFInfo:
     file_type: str
     has_chat_template: bool
     tensors: tuple[TensorInfo, ...] = field(repr=False)
+    n_expert: int = 0  # a mixture of experts: experts per layer (0: dense)
+    n_expert_used: int = 0  # ... and experts per token
+
+    @property
+    def experts(self) -> tuple[int, int] | None:
+        """(experts per token, experts per layer) of a mixture of experts; None for a dense model."""
+        return (self.n_expert_used, self.n_expert) if self.n_expert > 1 and self.n_expert_used >= 1 else None
 
     def to_dict(self) -> dict:
         return {
@@ -253,4 +260,6 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
         file_type=file_type,
         has_chat_template="tokenizer.chat_template" in fields,
         tensors=tuple(tensors),
+        n_expert=arch_int("expert_count"),
+        n_expert_used=arch_int("expert_used_count"),
     )

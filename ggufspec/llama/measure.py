@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict, fields
 
 import numpy as np
 
@@ -111,7 +112,7 @@ def measure_rollback(ctx: Context, repeats: int = 5) -> dict | None:
         restore = min(restore, time.perf_counter() - start)
     size = len(ctx.checkpoints.saved[-1][1])
     ctx.clear()
-    return {"state_bytes": size, "save_seconds": save, "restore_seconds": restore, "kept": ctx.checkpoints.rollback}
+    return asdict(Rollback(state_bytes=size, save_seconds=save, restore_seconds=restore, kept=ctx.checkpoints.rollback))
 
 
 def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
@@ -287,4 +288,4 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     _update_cache(new)
     rollback = entry.get("rollback")
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
-                 Rollback(*(rollback[k] for k in ("state_bytes", "save_seconds", "restore_seconds", "kept"))) if rollback else None)
+                 Rollback(**{f.name: rollback[f.name] for f in fields(Rollback)}) if rollback else None)

@@ -73,8 +73,7 @@ class Checkpoints:
     def restore(self, ctx, n_keep: int) -> int | None:
         """Restore the state saved at the latest position up to n_keep and return that position (None: no
         such state; the caller starts over). Later states are dropped."""
-        while self.saved and self.saved[-1][0] > n_keep:
-            self._drop(-1)
+        self._drop_after(n_keep)
         if not self.saved:
             return None
         position, state = self.saved[-1]
@@ -85,8 +84,7 @@ class Checkpoints:
         """Rewind a backend.Context to n_keep tokens: restore, cut the attention part, decode the rest again."""
         if (self.rollback and context.n_past - n_keep <= self.rollback and n_keep > self.batch_start
                 and context.cut(n_keep)):  # llama.cpp rolled its state back itself
-            while self.saved and self.saved[-1][0] > n_keep:
-                self._drop(-1)
+            self._drop_after(n_keep)
             return
         replay = context.tokens[:n_keep]
         position = self.restore(context._ctx, n_keep)
@@ -100,6 +98,10 @@ class Checkpoints:
     def _drop(self, i: int) -> None:
         self._spare = [self.saved.pop(i)[1]] + self._spare[:1]
 
-    def clear(self) -> None:
-        while self.saved:
+    def _drop_after(self, position: int) -> None:
+        """Drop the states saved after `position` (-1: all of them)."""
+        while self.saved and self.saved[-1][0] > position:
             self._drop(-1)
+
+    def clear(self) -> None:
+        self._drop_after(-1)
