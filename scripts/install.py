@@ -3,7 +3,16 @@
 
     python scripts/install.py            # the package
     python scripts/install.py test       # with the test extras (also: plot, or test,plot)
-    CMAKE_ARGS="-DGGML_CUDA=on" python scripts/install.py     # CUDA (likewise -DGGML_METAL=on, -DGGML_VULKAN=on)
+    CMAKE_ARGS="-DGGML_CUDA=on" python scripts/install.py     # CUDA (likewise -DGGML_METAL=on, -DGGML_HIP=on)
+    python scripts/install.py --vulkan   # Vulkan (any GPU with a Vulkan driver; see docs/install.md)
+    python scripts/install.py --vulkan --apt   # ... and first apt-get the Debian/Ubuntu packages it needs
+
+--vulkan needs the Vulkan loader, glslc and Vulkan headers of 1.3.287 or later (llama.cpp's ggml-vulkan.cpp
+does not compile against older Vulkan-Hpp headers, such as Debian 12's 1.3.239). Where the system's are
+older, the header files of Debian 13's libvulkan-dev are fetched into ~/.cache/ggufspec/vulkan-headers
+(apt-get download with a private package list, unpacked with dpkg -x: nothing is installed) and used for
+this build only. --apt installs the packages with apt-get; without it a missing one is named with the
+command that installs it.
 
 pip compiles llama.cpp for this CPU (-march=native). On x86 CPUs with AMX (Sapphire Rapids and
 later) that builds llama.cpp's AMX kernels, which crash on Q4_K/Q6_K weights (llama.cpp issue
@@ -15,15 +24,21 @@ the build is checked afterwards and rebuilt without the cache if it is not the o
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+VULKAN_APT = ("libvulkan-dev", "glslc", "glslang-tools", "spirv-headers", "mesa-vulkan-drivers")
+VULKAN_HEADERS_MIN = 287  # VK_HEADER_VERSION ggml-vulkan.cpp needs (it uses vk::LayerSettingEXT)
+VULKAN_HEADERS_SUITE = "trixie"  # Debian 13: libvulkan-dev 1.4.309
 
 
 def _system():
@@ -57,11 +72,10 @@ def cmake_args(user: str, no_amx: str) -> tuple[str, bool]:
     return args.strip(), off
 
 
-def built_features(system) -> list[str]:
-    code = ("import llama_cpp as C; C.llama_backend_init(); print(C.llama_print_system_info().decode()); "
-            "print('RPC' if C.llama_supports_rpc() else '')")
-    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().splitlines()
-    return system.build_features(system.parse_system_info(lines[0] if lines else "")) + (["RPC"] if "RPC" in lines[1:] else [])
+def built_features() -> list[str]:
+    """What the installed llama-cpp-python was built with, as `ggufspec doctor` reads it."""
+    code = "from ggufspec.llama.runtime import build_features; print(' '.join(build_features()))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
 
 
 def pip(*args: str, env: dict) -> None:
@@ -69,16 +83,81 @@ def pip(*args: str, env: dict) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True, env=env)
 
 
+def header_version(include: Path) -> int:
+    """VK_HEADER_VERSION of the Vulkan headers under `include` (0 where there are none)."""
+    try:
+        m = re.search(r"#define VK_HEADER_VERSION (\d+)", (include / "vulkan" / "vulkan_core.h").read_text())
+    except OSError:
+        return 0
+    return int(m.group(1)) if m else 0
+
+
+def fetch_vulkan_headers(cache: Path) -> Path:
+    """Debian 13's libvulkan-dev headers, downloaded and unpacked under `cache` (nothing installed)."""
+    include = cache / "root" / "usr" / "include"
+    if header_version(include) >= VULKAN_HEADERS_MIN:
+        return include
+    lists, archives = cache / "lists", cache / "archives"
+    for d in (lists / "partial", archives):
+        d.mkdir(parents=True, exist_ok=True)
+    (cache / "sources.list").write_text(f"deb http://deb.debian.org/debian {VULKAN_HEADERS_SUITE} main\n")
+    opts = [f"-oDir::Etc::SourceList={cache / 'sources.list'}", "-oDir::Etc::SourceParts=/dev/null",
+            f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache / 'apt'}", "-oDir::State::status=/dev/null",
+            "-oAPT::Sandbox::User=root", "-oDebug::NoLocking=1"]
+    print(f"fetching Debian {VULKAN_HEADERS_SUITE}'s libvulkan-dev headers into {cache}", file=sys.stderr)
+    subprocess.run(["apt-get", *opts, "-q", "update"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", *opts, "-q", "download", "libvulkan-dev"], check=True, cwd=archives, stdout=subprocess.DEVNULL)
+    debs = sorted(archives.glob("libvulkan-dev_*.deb"))
+    subprocess.run(["dpkg", "-x", str(debs[-1]), str(cache / "root")], check=True)
+    if header_version(include) < VULKAN_HEADERS_MIN:
+        sys.exit(f"install.py: the Vulkan headers fetched into {include} are older than 1.3.{VULKAN_HEADERS_MIN}")
+    return include
+
+
+def vulkan_args(apt: bool) -> str:
+    """CMAKE_ARGS for llama.cpp's Vulkan backend on this machine, after checking (or, with apt, installing) what it needs."""
+    import ctypes.util
+
+    missing = [p for p, ok in [("glslc", shutil.which("glslc")), ("libvulkan-dev", ctypes.util.find_library("vulkan")),
+                               ("glslang-tools", shutil.which("glslangValidator"))] if not ok]
+    if missing and apt and shutil.which("apt-get"):
+        print(f"+ apt-get install {' '.join(VULKAN_APT)}", file=sys.stderr)
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *VULKAN_APT], check=True,
+                       stdout=subprocess.DEVNULL, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    elif missing:
+        hint = f"apt-get install {' '.join(VULKAN_APT)} (or rerun with --apt)" if shutil.which("apt-get") else \
+            "the Vulkan SDK (https://vulkan.lunarg.com), then set VULKAN_SDK"
+        sys.exit(f"install.py: --vulkan needs {', '.join(missing)}, which this machine lacks; install {hint}")
+    system_headers = Path(os.environ.get("VULKAN_SDK", "/usr")) / "include"
+    if header_version(system_headers) >= VULKAN_HEADERS_MIN:
+        return "-DGGML_VULKAN=on"
+    if not shutil.which("apt-get"):
+        sys.exit(f"install.py: the Vulkan headers in {system_headers} are older than 1.3.{VULKAN_HEADERS_MIN}, which "
+                 "llama.cpp's Vulkan backend needs; install a newer Vulkan SDK and set VULKAN_SDK")
+    include = fetch_vulkan_headers(Path.home() / ".cache" / "ggufspec" / "vulkan-headers")
+    return f"-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR={include}"
+
+
 def main(argv: list[str]) -> int:
-    extras = argv[0] if argv else ""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("extras", nargs="?", default="", help="pip extras: test, plot, or test,plot")
+    ap.add_argument("--vulkan", action="store_true", help="build llama.cpp's Vulkan backend")
+    ap.add_argument("--apt", action="store_true", help="with --vulkan: apt-get the packages it needs")
+    a = ap.parse_args(argv)
+    extras = a.extras
     system = _system()
-    args, amx_off = cmake_args(os.environ.get("CMAKE_ARGS", ""), system.NO_AMX_FLAGS)
+    user = os.environ.get("CMAKE_ARGS", "")
+    if a.vulkan and "GGML_VULKAN" not in user:
+        user = f"{user} {vulkan_args(a.apt)}"
+    args, amx_off = cmake_args(user, system.NO_AMX_FLAGS)
     env = dict(os.environ, CMAKE_ARGS=args)
     print(f"CMAKE_ARGS={args}", file=sys.stderr)
     pip("install", "-e", f"{ROOT}[{extras}]" if extras else str(ROOT), env=env)
-    features = built_features(system)
+    features = built_features()
     wrong = [why for bad, why in [(amx_off and "AMX_INT8" in features, "it has AMX kernels"),
-                                  ("GGML_RPC=ON" in args and "RPC" not in features, "it lacks the RPC backend")] if bad]
+                                  ("GGML_RPC=ON" in args and "RPC" not in features, "it lacks the RPC backend"),
+                                  ("GGML_VULKAN=on" in args and "VULKAN" not in features, "it lacks the Vulkan backend")]
+             if bad]
     if wrong:
         # A wheel cached from an earlier build with other flags: build this one afresh.
         version = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
@@ -86,7 +165,7 @@ def main(argv: list[str]) -> int:
         print(f"the installed llama-cpp-python is not the build asked for ({'; '.join(wrong)}): rebuilding it "
               "without pip's cache", file=sys.stderr)
         pip("install", "--force-reinstall", "--no-cache-dir", "--no-deps", f"llama-cpp-python=={version}", env=env)
-        features = built_features(system)
+        features = built_features()
     print(f"llama-cpp-python build: {', '.join(features)}", file=sys.stderr)
     return 0
 

@@ -292,7 +292,8 @@ def doctor_text(r: dict) -> str:
              "devices:"]
     for d in r["devices"]:
         lines.append(f"  {d['name']:<10} {d['type']:<6} {d['description']}  "
-                     f"{mib(d['free_bytes'])} free of {mib(d['total_bytes'])}")
+                     f"{mib(d['free_bytes'])} free of {mib(d['total_bytes'])}"
+                     + ("  (software: emulated on the CPU)" if d.get("software") else ""))
     lines.append(f"models in {r['models_dir']}: " + (", ".join(f"{m['file']} ({mib(m['size_bytes'])})" for m in r["models"]) or "none"))
     if r["costs"]:
         lines.append("measured costs on this machine:")

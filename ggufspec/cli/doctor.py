@@ -50,10 +50,27 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
     return mine, list(others.values()), damaged
 
 
+def device_problems(features: list[str], found: list[dict]) -> list[dict]:
+    """A GPU backend that found no device, and a GPU that is only emulated on the CPU."""
+    gpus = [d for d in found if d["type"] not in ("CPU", "RPC")]
+    if "VULKAN" in features and not any(d["name"].startswith("Vulkan") for d in gpus):
+        return [{"severity": "warning", "problem": "this build has llama.cpp's Vulkan backend but it found no Vulkan "
+                 "device, so every layer stays on the CPU", "fix": "install your GPU's Vulkan driver (`vulkaninfo "
+                 "--summary` lists the devices); ggml skips a device of type CPU, such as Mesa's llvmpipe, unless "
+                 "GGML_VK_VISIBLE_DEVICES names it (GGML_VK_VISIBLE_DEVICES=0)"}]
+    if gpus and all(d.get("software") for d in gpus):
+        names = ", ".join(f"{d['name']} ({d['description']})" for d in gpus)
+        return [{"severity": "warning", "problem": f"the only GPU here is a software one, emulated on the CPU ({names}): "
+                 "layers placed there run correctly but far slower than on the CPU backend; speeds measured there "
+                 "mean nothing", "fix": "none needed for tests; for speed keep layers on the CPU (-ngl 0) or install "
+                 "a hardware GPU's driver"}]
+    return []
+
+
 def problems(features: list[str], cpu_buffer_types: list[str], other_machines: list[dict],
-             damaged: list[str] = ()) -> list[dict]:
+             damaged: list[str] = (), found: list[dict] = ()) -> list[dict]:
     """Every known problem here, with its fix; severity 'error' means ggufspec cannot run well."""
-    out = []
+    out = device_problems(features, list(found))
     if system.amx_active(features, cpu_buffer_types):
         out.append({"severity": "warning", "problem": "this llama-cpp-python build uses llama.cpp's AMX kernels, which crash "
                     "on Q4_K/Q6_K weights on this CPU (llama.cpp issue 20824); ggufspec places such weights itself "
@@ -81,6 +98,7 @@ def diagnose(rpc: str | None = None) -> dict:
 
         add_servers(rpc)
     features = runtime.build_features()
+    seen = devices.devices()
     bufts = devices.cpu_buffer_types()
     machine = backend.machine()
     flags = system.cpu_flags()
@@ -97,10 +115,10 @@ def diagnose(rpc: str | None = None) -> dict:
         "cpu_buffer_types": bufts,
         "threads": backend.default_threads(),
         "logical_cpus": os.cpu_count(),
-        "devices": devices.devices(),
+        "devices": seen,
         "machine_id": machine["id"],
         "models_dir": str(folder),
         "models": [{"file": p.name, "size_bytes": p.stat().st_size} for p in found],
         "costs": mine,
-        "problems": problems(features, bufts, others, damaged),
+        "problems": problems(features, bufts, others, damaged, seen),
     }

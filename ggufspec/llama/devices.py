@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 from ..errors import GGUFSpecError
 from .runtime import init
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator", 4: "meta"}
+SOFTWARE_GPUS = ("llvmpipe", "lavapipe", "swiftshader", "softpipe")
 
 
 @functools.cache
@@ -26,10 +28,30 @@ def _lib():
                             ("ggml_backend_buft_name", [p], ctypes.c_char_p),
                             ("ggml_backend_reg_by_name", [ctypes.c_char_p], p), ("ggml_backend_register", [p], None),
                             ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
-                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p)]:
+                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p),
+                            ("ggml_backend_reg_count", [], s), ("ggml_backend_reg_get", [s], p),
+                            ("ggml_backend_reg_name", [p], ctypes.c_char_p)]:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
     return lib
+
+
+def avoid_driver_faults() -> None:
+    """Turn off llama.cpp's fused Vulkan shaders on a software Vulkan device, unless the user set it.
+
+    Mesa's llvmpipe of Debian 12 (lavapipe 22.3) crashes inside its own shader threads on them with
+    flash attention (llama.cpp's default where a device supports it): batches of 1, 2 and then 3 tokens
+    end in a segmentation fault, llama-cpp-python's own `Llama(flash_attn=True)` alike. Fusion is read
+    when a device is first used (GGML_VK_DISABLE_FUSION), so this runs before any model loads; a
+    software device's speed means nothing anyway. Called once, by runtime.init."""
+    if "GGML_VK_DISABLE_FUSION" in os.environ:
+        return
+    lib = _lib()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if lib.ggml_backend_dev_name(dev).startswith(b"Vulkan") and is_software(lib.ggml_backend_dev_description(dev).decode()):
+            os.environ["GGML_VK_DISABLE_FUSION"] = "1"
+            return
 
 
 def ggml():
@@ -44,6 +66,12 @@ def _proc(reg, name: bytes, restype, *argtypes):
     return ctypes.CFUNCTYPE(restype, *argtypes)(address) if address else None
 
 
+def backends() -> list[str]:
+    """The backends this build registered (CPU, Vulkan, CUDA, Metal, RPC, ...), devices or not."""
+    lib = ggml()
+    return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
+
+
 def devices() -> list[dict]:
     """Every ggml device llama.cpp can place layers on, with memory as it reports it."""
     lib, out = ggml(), []
@@ -52,10 +80,22 @@ def devices() -> list[dict]:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         name = lib.ggml_backend_dev_name(dev).decode()
-        out.append({"name": name, "description": lib.ggml_backend_dev_description(dev).decode(),
-                    "type": "RPC" if name.startswith("RPC") else DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
-                    "free_bytes": free.value, "total_bytes": total.value})
+        description = lib.ggml_backend_dev_description(dev).decode()
+        kind = "RPC" if name.startswith("RPC") else DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other")
+        out.append({"name": name, "description": description, "type": kind, "free_bytes": free.value,
+                    "total_bytes": total.value, "software": kind not in ("CPU", "RPC") and is_software(description)})
     return out
+
+
+def is_software(description: str) -> bool:
+    """Whether a device is a GPU emulated on the CPU (Mesa's llvmpipe, SwiftShader): real buffers, no speed."""
+    return any(name in description.lower() for name in SOFTWARE_GPUS)
+
+
+def local_gpus() -> dict[str, int]:
+    """This machine's own GPUs and accelerators (not the CPU, not RPC servers): name -> free bytes, as ggml
+    reports them (CUDA, ROCm, Vulkan, Metal, SYCL alike), in llama.cpp's device order."""
+    return {d["name"]: d["free_bytes"] for d in devices() if d["type"] not in ("CPU", "RPC")}
 
 
 def supports_gpu_offload() -> bool:

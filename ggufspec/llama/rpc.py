@@ -108,7 +108,7 @@ def add_servers(endpoints) -> list[str]:
 
 def local_accelerators() -> list[str]:
     """This machine's own GPUs and accelerators (not the CPU, not RPC devices): where a draft may go."""
-    return [d["name"] for d in ggml_devices.devices() if d["type"] not in ("CPU", "RPC")]
+    return list(ggml_devices.local_gpus())
 
 
 def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, threads: int | None = None,

@@ -124,6 +124,9 @@ def init() -> None:
         if not RUNTIME.started:
             C.llama_log_set(_log_callback, ctypes.c_void_p(0))
             C.llama_backend_init()
+            from .devices import avoid_driver_faults
+
+            avoid_driver_faults()
             RUNTIME.started = True
 
 
@@ -142,8 +145,13 @@ def supports_rpc() -> bool:
 
 
 def build_features() -> list[str]:
+    """What this build has: the CPU's features from llama.cpp's system info, then every other backend
+    registered (VULKAN, CUDA, METAL, RPC, ...: a GPU backend with no device found says nothing there)."""
+    from .devices import backends
+
     features = system.build_features(system.parse_system_info(system_info()))
-    if supports_rpc():
+    features += [b.upper() for b in backends() if b != "CPU" and b.upper() not in features]
+    if supports_rpc() and "RPC" not in features:
         features.append("RPC")
     return features
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 
 from ..errors import GGUFSpecError
@@ -215,17 +213,11 @@ def parse_size(text: str, flag: str = "--vram") -> int:
 
 
 def detect_vram() -> int:
-    """Free VRAM of the first GPU when llama.cpp was built with GPU support and nvidia-smi answers; else 0."""
-    from ..llama.backend import supports_gpu_offload
+    """Free memory of this machine's GPUs together, as llama.cpp's backends report it (ggml_backend_dev_memory:
+    CUDA, ROCm, Vulkan, Metal, SYCL alike); 0 where this build sees none."""
+    from ..llama.devices import local_gpus
 
-    if not supports_gpu_offload() or not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout.split()
-        return int(out[0]) * MiB if out else 0
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return 0
+    return sum(local_gpus().values())
 
 
 def total_ram() -> int:
