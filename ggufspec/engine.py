@@ -41,12 +41,13 @@ class Engine(Closing):
     Use as a context manager or call `close()`; handles are freed in reverse order.
     rpc: llama.cpp RPC servers ("host:port", a list or comma-separated) whose devices take the
     target's layers (-ngl counts them as for a GPU); devices / draft_devices: the device names
-    each model may use (llama.cpp's -dev / -devd; [] or "none" for the CPU alone).
+    each model may use (llama.cpp's -dev / -devd; [] or "none" for the CPU alone); cpu_moe: a mixture-of-experts
+    target's layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe N; -1: every layer's, --cpu-moe).
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
-                 remeasure: bool = False, rpc=None, devices=None, draft_devices=None):
+                 remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0):
         check_count(n_ctx, "-c/--ctx-size", 8)
         check_count(n_batch, "-b/--batch-size", 1)
         check_count(n_gpu_layers, "-ngl/--n-gpu-layers", -1)  # -1: every layer
@@ -58,7 +59,8 @@ class Engine(Closing):
         # spreads over them and the draft stays on this machine.
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
         try:
-            self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices)
+            self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
+                                      cpu_moe=cpu_moe)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                       rollback=ROLLBACK_ROWS)
             if draft is not None:

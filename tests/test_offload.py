@@ -98,9 +98,9 @@ def test_plan_command_for_the_seed_pair():
 
 
 def test_layer_values_reach_the_model(tiny):
-    assert resolve_layers(tiny["target"], tiny["close"], "all", 3, n_ctx=512) == (-1, 3)
-    assert resolve_layers(tiny["target"], tiny["close"], "auto", "auto", n_ctx=512, vram_bytes=0) == (0, 0)
-    assert resolve_layers(tiny["target"], tiny["close"], "auto", "auto", n_ctx=512, vram_bytes=10 * GiB) == (3, 3)
+    assert resolve_layers(tiny["target"], tiny["close"], "all", 3, n_ctx=512) == (-1, 3, 0)
+    assert resolve_layers(tiny["target"], tiny["close"], "auto", "auto", n_ctx=512, vram_bytes=0) == (0, 0, 0)
+    assert resolve_layers(tiny["target"], tiny["close"], "auto", "auto", n_ctx=512, vram_bytes=10 * GiB) == (3, 3, 0)
     with Engine(tiny["target"], tiny["close"], n_ctx=256, n_gpu_layers=2, draft_n_gpu_layers=-1) as e:
         assert (e.target_model.n_gpu_layers, e.draft_model.n_gpu_layers) == (2, -1)
         assert e.generate("hi", max_tokens=3).tokens  # llama.cpp loaded and ran with them

@@ -243,13 +243,14 @@ def rollback_line(r: dict, step: float) -> str:
 
 def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:
     gib = 2**30
-    rows = [{"model": m.name + (" (estimated)" if m.estimated else ""), "role": m.role, "layers": m.layers_on_gpu,
+    rows = [{"model": m.name + (" (estimated)" if m.estimated else ""), "role": m.role,
+             "layers": m.layers_on_gpu + (f", experts of {min(m.cpu_moe, m.n_layers)} on CPU" if m.cpu_moe else ""),
              "gpu": mib(m.gpu_bytes), "cpu": mib(m.cpu_bytes), "kv": mib(m.kv_bytes)} for m in (p.target, p.draft) if m]
     return "\n".join([
         table(rows, [("model", "model"), ("role", "role"), ("layers", "layers on GPU"), ("gpu", "GPU"), ("cpu", "CPU"),
                      ("kv", "KV cache")]), "",
         f"budget {vram_bytes / gib:.1f} GiB VRAM ({p.gpu_bytes / gib:.1f} used), {ram_bytes / gib:.1f} GiB RAM "
-        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}"]
+        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}" + (f", KV cache {p.kv_type}" if p.kv_type != "f16" else "")]
         + ([f"target layers by device: {', '.join(f'{d} {n}' for d, n in p.split.items())} (output layer included)"]
            if p.split else [])
         + [f"flags: {p.flags()}"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .options import (ctx_option, draft_option, int_list, json_option, model_options, registry_option, rpc_option,
+from .options import (ctx_option, draft_option, int_list, json_option, model_options, moe_option, registry_option, rpc_option,
                       split_options, target_option, user_errors)
 
 
@@ -48,28 +48,33 @@ def costs_command(as_json, remeasure, **options):
 @click.option("--vram", default=None, help="GPU memory budget, e.g. 24GiB (default: detected, else 0).")
 @click.option("--ram", default=None, help="System memory to plan against (default: this machine's).")
 @ctx_option
+@moe_option
+@click.option("-ctk", "--cache-type", "kv_type", default="f16", show_default=True,
+              help="KV cache type of both models (llama.cpp's -ctk/-ctv: f16, q8_0, q4_0, ...).")
 @registry_option
 @rpc_option
 @json_option
 @user_errors
-def plan_command(pair, target, draft, vram, ram, n_ctx, registry, rpc, as_json):
+def plan_command(pair, target, draft, vram, ram, n_ctx, cpu_moe, kv_type, registry, rpc, as_json):
     """Plan GPU layer offload for a target and draft within a memory budget.
 
     Reads tensor sizes from the GGUF files (or estimates them from models.toml for files not
     on this machine), adds the KV cache for -c and a compute allowance, puts the draft on the
-    GPU first, then as many target layers as fit, and prints the -ngl / -ngld flags.
+    GPU first, then as many target layers as fit, and prints the -ngl / -ngld flags. A mixture-of-experts
+    target that does not fit keeps the experts of its first layers on the CPU (--n-cpu-moe N), as few as
+    it takes for the rest of every layer to go to the GPU.
 
     \b
     Example:
       ggufspec plan llama-3-70b-instruct --vram 24GiB -c 8192
     """
     from ..models.resolve import plan_offload
-    from ..models.offload import parse_size, total_ram
+    from ..models.offload import cpu_moe_value, parse_size, total_ram
     from ..bench.report import plan_text, to_json
 
     ram_bytes = parse_size(ram, "--ram") if ram is not None else total_ram()
     p = plan_offload(pair, target, draft, registry=registry, vram_bytes=parse_size(vram) if vram is not None else None,
-                     ram_bytes=ram_bytes, n_ctx=n_ctx, rpc=rpc)
+                     ram_bytes=ram_bytes, n_ctx=n_ctx, rpc=rpc, cpu_moe=cpu_moe_value(cpu_moe), kv_type=kv_type)
     click.echo(to_json(p.to_dict()) if as_json else plan_text(p, p.vram_bytes, ram_bytes, n_ctx))
 
 

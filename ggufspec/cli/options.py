@@ -56,13 +56,18 @@ def _apply(fn, options):
 registry_option = click.option("--registry", type=click.Path(dir_okay=False), default=None, envvar="GGUFSPEC_REGISTRY",
                                help="A models.toml that adds to or overrides the built-in one.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+moe_option = click.option("--n-cpu-moe", "cpu_moe", type=Layers(), default=None,
+                          help="A mixture of experts: keep the experts of the first N layers on the CPU ('all': "
+                               "llama.cpp's --cpu-moe; default: as few as the memory needs where -ngl is auto, else none).")
+
+
 ctx_option = click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens.")
 target_option = click.option("-m", "--model", "target", help="Target model: a .gguf path or a model name from models.toml.")
 draft_option = click.option("-md", "--model-draft", "--spec-draft-model", "draft", help="Draft model: a .gguf path or a model name.")
 rpc_option = click.option("--rpc", default=None, envvar="GGUFSPEC_RPC", metavar="HOST:PORT[,...]",
                           help="llama.cpp RPC servers (`ggufspec rpc-server` on each): the target's layers go there, "
                                "the draft stays here.")
-LOAD_KEYS = ("pair", "target", "draft", "n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_threads",
+LOAD_KEYS = ("pair", "target", "draft", "n_gpu_layers", "draft_n_gpu_layers", "cpu_moe", "n_ctx", "n_batch", "n_threads",
              "registry", "offline", "verbose", "rpc", "devices", "draft_devices")
 
 
@@ -74,7 +79,7 @@ def model_options(fn):
                      help="Target layers on the GPU: N, all or auto (default auto)."),
         click.option("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", "draft_n_gpu_layers", type=Layers(), default=None,
                      help="Draft layers on the GPU: N, all or auto (default auto)."),
-        ctx_option,
+        moe_option, ctx_option,
         click.option("-b", "--batch-size", "n_batch", type=int, default=512, show_default=True, help="Logical batch size."),
         click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads (default: physical cores)."),
         registry_option, rpc_option,

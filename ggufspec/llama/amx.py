@@ -4,16 +4,10 @@ weight that repacking takes put into the CPU_REPACK buffer, as a build without A
 
 from __future__ import annotations
 
-import ctypes
-
 from . import system
 from .devices import cpu_buffer_types, cpu_extra_bufts, supports_gpu_offload
 from .gguf_info import GGUFInfo
 from .runtime import build_features, llama_cpp_version
-
-
-class _BuftOverride(ctypes.Structure):
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 def problem(info: GGUFInfo) -> str | None:
@@ -22,21 +16,12 @@ def problem(info: GGUFInfo) -> str | None:
                               llama_cpp_version())
 
 
-class RepackOverrides:
-    """The NULL-terminated tensor-buffer override array for llama_model_params.tensor_buft_overrides
-    (keep this object alive as long as the params are used)."""
-
-    def __init__(self, info: GGUFInfo, n_gpu_layers: int):
-        repack = dict(cpu_extra_bufts()).get("CPU_REPACK")
-        first_gpu = None
-        if n_gpu_layers and supports_gpu_offload():
-            first_gpu = 0 if n_gpu_layers < 0 else max(0, info.n_layers - n_gpu_layers)
-        patterns = system.repack_patterns(info.tensors, build_features(), first_gpu) if repack else []
-        self._patterns = [p.encode() for p in patterns]
-        self.array = (_BuftOverride * (len(patterns) + 1))()
-        for i, p in enumerate(self._patterns):
-            self.array[i].pattern, self.array[i].buft = p, repack
-
-    @property
-    def pointer(self) -> ctypes.c_void_p:
-        return ctypes.cast(self.array, ctypes.c_void_p)
+def repack_overrides(info: GGUFInfo, n_gpu_layers: int) -> list[tuple[str, int]]:
+    """(pattern, CPU_REPACK buffer type) for every weight repacking would take in the layers that stay on
+    the CPU, for a load with llama.cpp's extra buffer types off (overrides.BuftOverrides takes them)."""
+    repack = dict(cpu_extra_bufts()).get("CPU_REPACK")
+    first_gpu = None
+    if n_gpu_layers and supports_gpu_offload():
+        first_gpu = 0 if n_gpu_layers < 0 else max(0, info.n_layers - n_gpu_layers)
+    patterns = system.repack_patterns(info.tensors, build_features(), first_gpu) if repack else []
+    return [(p, repack) for p in patterns]

@@ -11,22 +11,21 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 
 from . import amx, system
 from .devices import descriptions, device_array, devices, supports_gpu_offload
+from .overrides import BuftOverrides, cpu_buffer_type, expert_pattern
 from ..errors import ContextFullError, GGUFSpecError
 from .gguf_info import file_stamp, read_info
 from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut
-from .runtime import C, build_features, decode_failed, init, interruptible, llama_cpp_version, load_model, set_verbose, warn_once  # noqa: F401
+from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
+from .runtime import set_verbose  # noqa: F401 (callers read it here)
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
-# Where llama.cpp put the weights, as its load log says: "load_tensors: CPU_REPACK model buffer size = 1.2 MiB".
-_BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
 
 
 @functools.cache
@@ -34,22 +33,6 @@ def machine() -> dict:
     """This machine's identity (CPU, build features, devices, llama.cpp version) and its id."""
     local = [d for d in devices() if d["type"] != "RPC"]  # remote devices are part of a model's placement
     return system.describe(system.cpu_model(), build_features(), local, llama_cpp_version())
-
-
-class Closing:
-    """`with` and garbage collection both end in `close()`, which must be safe to call twice."""
-
-    def close(self) -> None:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
 class VocabFacts:
@@ -88,7 +71,10 @@ class Model(VocabFacts, Closing):
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
-                 vocab_only: bool = False, avoid_amx: bool | None = None, devices: list[str] | None = None):
+                 vocab_only: bool = False, avoid_amx: bool | None = None, devices: list[str] | None = None,
+                 cpu_moe: int = 0):
+        """cpu_moe: keep the expert tensors of the first N layers on the CPU (-1: of every layer), as
+        llama.cpp's --n-cpu-moe N / --cpu-moe; the rest of those layers goes where -ngl puts it."""
         init()
         self.path = Path(path)
         self.role = role
@@ -98,14 +84,16 @@ class Model(VocabFacts, Closing):
         self.avoids_amx = bool(problem) if avoid_amx is None else avoid_amx
         if n_gpu_layers != 0 and not supports_gpu_offload():
             warn_once("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU")
+        self.cpu_moe = int(cpu_moe) if self.info.experts else 0
         params = self._params(n_gpu_layers, repack, vocab_only, devices)
         self.devices = devices
         described = descriptions() if devices else {}
-        # What decides where layers run, for the cost cache: devices by name and what they are.
+        # What decides where layers run, for the cost cache: devices by name and what they are, experts kept on the CPU.
         self.devices_key = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
+        if self.cpu_moe:
+            self.devices_key += f",experts-on-cpu:{self.cpu_moe}"
         self._model, log = load_model(str(self.path), params)
-        # Where llama.cpp put the weights, as it reports it: {buffer name: MiB}.
-        self.buffers = {m.group(1): float(m.group(2)) for m in map(_BUFFER_LINE.search, log) if m}
+        self.buffers = buffers(log)["model"]  # where llama.cpp put the weights, as it reports it: {buffer: MiB}
         if not self._model and problem:
             raise GGUFSpecError(f"{self.path}: {problem}")
         if not self._model and not vocab_only and not self.info.tensors:
@@ -128,10 +116,16 @@ class Model(VocabFacts, Closing):
     def _params(self, n_gpu_layers: int, repack: bool, vocab_only: bool, devices: list[str] | None):
         """llama_model_params; what they point at is kept alive on self."""
         params = C.llama_model_default_params()
+        pairs = []
+        experts = expert_pattern(self.cpu_moe, self.info.n_layers) if not vocab_only else None
+        if experts:
+            pairs.append((experts, cpu_buffer_type()))
         if self.avoids_amx and repack and not vocab_only:
-            self._overrides = amx.RepackOverrides(self.info, n_gpu_layers)
-            params.tensor_buft_overrides = self._overrides.pointer
+            pairs += amx.repack_overrides(self.info, n_gpu_layers)
             repack = False
+        if pairs:
+            self._overrides = BuftOverrides(pairs)
+            params.tensor_buft_overrides = self._overrides.pointer
         params.n_gpu_layers = int(n_gpu_layers)
         params.use_extra_bufts = bool(repack)  # CPU weight repacking: faster, but batches of >= 4 round differently
         params.vocab_only = bool(vocab_only)
@@ -240,9 +234,8 @@ class Context(Closing):
         params.no_perf = True
         params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
         self._owned = True
-        # llama.cpp logs while it allocates the KV cache: a signal then would be lost inside the log callback
-        with interruptible():
-            self._ctx = C.llama_init_from_model(model._model, params)
+        self._ctx, log = create_context(model._model, params)
+        self.buffers = buffers(log)  # what llama.cpp allocated where: {"KV" | "compute" | ...: {buffer: MiB}}
         if not self._ctx:
             raise GGUFSpecError(
                 f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"

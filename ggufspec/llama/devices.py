@@ -30,7 +30,7 @@ def _lib():
                             ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
                             ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p),
                             ("ggml_backend_reg_count", [], s), ("ggml_backend_reg_get", [s], p),
-                            ("ggml_backend_reg_name", [p], ctypes.c_char_p)]:
+                            ("ggml_backend_reg_name", [p], ctypes.c_char_p), ("ggml_backend_dev_buffer_type", [p], p)]:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
     return lib

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import sys
 import threading
@@ -85,21 +86,65 @@ def interruptible():
             signal.raise_signal(came[0])
 
 
-def load_model(path: str, params) -> tuple[int | None, list[str]]:
-    """llama_model_load_from_file, stoppable by a signal; (the model handle or None, llama.cpp's log lines)."""
+class Closing:
+    """`with` and garbage collection both end in `close()`, which must be safe to call twice."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+# What llama.cpp allocated where, as its log says: "load_tensors: CPU_REPACK model buffer size = 1.2 MiB",
+# "llama_kv_cache: Vulkan0 KV buffer size = 1.00 MiB", "sched_reserve: Vulkan0 compute buffer size = 5.01 MiB".
+_BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([0-9.]+) MiB")
+
+
+def buffers(log: list[str]) -> dict[str, dict[str, float]]:
+    """{"model" | "KV" | "RS" | "compute" | "output": {buffer name: MiB}} from llama.cpp's log lines."""
+    out: dict[str, dict[str, float]] = {"model": {}}
+    for m in filter(None, map(_BUFFER_LINE.match, log)):
+        kind = out.setdefault(m.group(2), {})
+        kind[m.group(1)] = kind.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
+@contextlib.contextmanager
+def _captured():
+    """llama.cpp's log lines while the block runs (one capture at a time), a signal meanwhile raised on leaving."""
     init()
-    params.progress_callback = _load_progress
     with RUNTIME.lock:
         RUNTIME.capture = []
         try:
-            with interruptible():  # a signal meanwhile stops the load and is raised again on leaving
-                model = C.llama_model_load_from_file(os.fsencode(path), params)  # any bytes Linux allows
-                if RUNTIME.interrupted and model:
-                    C.llama_model_free(model)
-                    model = None
+            with interruptible():  # a signal inside the log callback would be lost: held until the block ends
+                yield RUNTIME.capture
         finally:
-            log, RUNTIME.capture = RUNTIME.capture, None
+            RUNTIME.capture = None
+
+
+def load_model(path: str, params) -> tuple[int | None, list[str]]:
+    """llama_model_load_from_file, stoppable by a signal; (the model handle or None, llama.cpp's log lines)."""
+    params.progress_callback = _load_progress
+    with _captured() as log:
+        model = C.llama_model_load_from_file(os.fsencode(path), params)  # any bytes Linux allows
+        if RUNTIME.interrupted and model:
+            C.llama_model_free(model)
+            model = None
     return model, log
+
+
+def create_context(model, params) -> tuple[int | None, list[str]]:
+    """llama_init_from_model; (the context handle or None, llama.cpp's log lines: what it allocated where)."""
+    with _captured() as log:
+        ctx = C.llama_init_from_model(model, params)
+    return ctx, log
 
 
 def warn(message: str) -> None:

@@ -6,20 +6,26 @@ layer, the token embeddings (which llama.cpp keeps on the CPU), the KV cache for
 context (layers x context x kv heads x head size x 2 for K and V x bytes per element) and a
 compute-buffer allowance. With a VRAM budget it places the draft first (a draft left on the CPU
 usually costs more than it saves), then as many target layers as fit, then checks that what
-stays on the CPU fits in RAM.
+stays on the CPU fits in RAM. A mixture-of-experts target whose layers do not all fit keeps the
+expert tensors of its first layers on the CPU (llama.cpp's --n-cpu-moe N), as few as it takes for
+every other weight to go to the GPU: per token only k of e experts run, so experts cost least on the CPU.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..errors import GGUFSpecError
 
 GiB = 1 << 30
 MiB = 1 << 20
 KV_BYTES = 2  # f16 K and V cache, llama.cpp's default
+# Bytes per element of a KV cache type (-ctk/-ctv): llama.cpp's block sizes (q8_0: 34 bytes per 32 values).
+KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                 "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.")  # llama.cpp's --cpu-moe pattern
 
 # Bits per weight of the bulk of a file, by quantisation (llama.cpp's quantize table).
 BITS_PER_WEIGHT = {"Q2_K": 2.96, "Q3_K_S": 3.5, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "Q4_0": 4.5, "Q4_K_S": 4.58,
@@ -41,13 +47,21 @@ class ModelSizes:
     head_dim: int
     n_vocab: int
     estimated: bool = False  # True when sizes come from the registry, not a GGUF header
+    expert_bytes: tuple[int, ...] = ()  # a mixture of experts: the expert tensors' share of each layer's weights
+    kv_type: str = "f16"  # the KV cache's type (-ctk/-ctv)
 
     def kv_bytes_per_layer(self, n_ctx: int) -> int:
-        return 2 * n_ctx * self.n_head_kv * self.head_dim * KV_BYTES
+        return int(2 * n_ctx * self.n_head_kv * self.head_dim * KV_TYPE_BYTES[self.kv_type])
+
+    def device_layer_bytes(self, i: int, cpu_moe: int) -> int:
+        """Layer i's weights on the GPU when the experts of the first cpu_moe layers stay on the CPU."""
+        experts = self.expert_bytes[i] if self.expert_bytes and i < cpu_moe else 0
+        return self.layer_bytes[i] - experts
 
     def compute_bytes(self, n_ubatch: int = 512) -> int:
-        """Allowance for llama.cpp's compute buffer on the GPU: logits, activations, slack."""
-        return n_ubatch * (self.n_vocab + 16 * self.n_embd) * 4 + 128 * MiB
+        """Allowance for llama.cpp's compute buffer on the GPU: a batch's logits (CUDA keeps them on the device;
+        Vulkan in host memory), its activations, and slack for attention without flash attention."""
+        return n_ubatch * (self.n_vocab + 16 * self.n_embd) * 4 + 32 * MiB
 
     @property
     def file_bytes(self) -> int:
@@ -56,12 +70,14 @@ class ModelSizes:
 
 def sizes_from_info(info) -> ModelSizes:
     """From a GGUFInfo (gguf_info.read_info): per-layer tensor bytes grouped by blk.N."""
-    layers = [0] * info.n_layers
+    layers, experts = [0] * info.n_layers, [0] * info.n_layers
     output = embed = 0
     for t in info.tensors:
         m = re.match(r"blk\.(\d+)\.", t.name)
         if m and int(m.group(1)) < info.n_layers:
             layers[int(m.group(1))] += t.n_bytes
+            if EXPERT_TENSOR.search(t.name):
+                experts[int(m.group(1))] += t.n_bytes
         elif t.name.startswith("token_embd"):
             embed += t.n_bytes
         else:
@@ -69,7 +85,7 @@ def sizes_from_info(info) -> ModelSizes:
     if output == 0:  # tied embeddings: the output layer reuses token_embd, which then goes to the GPU too
         output = embed
     return ModelSizes(info.name, info.n_layers, tuple(layers), output, embed, info.n_embd, info.n_head_kv,
-                      info.head_dim_k, info.n_vocab)
+                      info.head_dim_k, info.n_vocab, expert_bytes=tuple(experts) if any(experts) else ())
 
 
 def sizes_from_spec(spec) -> ModelSizes:
@@ -97,10 +113,18 @@ class Placement:
     cpu_bytes: int
     kv_bytes: int
     estimated: bool
+    cpu_moe: int = 0  # the first N layers' experts stay on the CPU (llama.cpp's --n-cpu-moe N)
 
     @property
     def flag(self) -> str:
         return "all" if self.n_gpu_layers > self.n_layers else str(self.n_gpu_layers)
+
+    @property
+    def moe_flag(self) -> str:
+        """llama.cpp's flag for the experts kept on the CPU ('' for none)."""
+        if not self.cpu_moe:
+            return ""
+        return "--cpu-moe" if self.cpu_moe >= self.n_layers else f"--n-cpu-moe {self.cpu_moe}"
 
     @property
     def layers_on_gpu(self) -> str:
@@ -116,6 +140,7 @@ class Plan:
     target: Placement
     draft: Placement | None
     split: dict | None = None  # target layers per device (device name -> count), as llama.cpp splits them
+    kv_type: str = "f16"  # both models' KV cache type (-ctk/-ctv)
 
     @property
     def gpu_bytes(self) -> int:
@@ -126,37 +151,56 @@ class Plan:
         return self.target.cpu_bytes + (self.draft.cpu_bytes if self.draft else 0)
 
     def flags(self) -> str:
-        out = f"-ngl {self.target.flag} -c {self.n_ctx}"
+        out = f"-ngl {self.target.flag}" + (f" {self.target.moe_flag}" if self.target.cpu_moe else "") + f" -c {self.n_ctx}"
+        if self.kv_type != "f16":
+            out += f" -ctk {self.kv_type} -ctv {self.kv_type}"
         if self.draft:
             out += f" -ngld {self.draft.flag}"
         return out
 
     def to_dict(self) -> dict:
-        return {"vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes, "n_ctx": self.n_ctx, "flags": self.flags(),
+        return {"vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes, "n_ctx": self.n_ctx, "kv_type": self.kv_type,
+                "flags": self.flags(),
                 "gpu_bytes": self.gpu_bytes, "cpu_bytes": self.cpu_bytes, "split": self.split,
                 "models": [asdict(p) | {"flag": p.flag} for p in (self.target, self.draft) if p]}
 
 
-def _place(m: ModelSizes, role: str, budget: int, n_ctx: int) -> Placement:
-    """As many of m's layers as fit in `budget`, in llama.cpp's order.
+def _place(m: ModelSizes, role: str, budget: int, n_ctx: int, cpu_moe: int = 0) -> Placement:
+    """As many of m's layers as fit in `budget`, in llama.cpp's order, the experts of its first cpu_moe
+    layers on the CPU.
 
     llama.cpp offloads from the top: n_gpu_layers = n puts the output layer and the last n - 1
     repeating layers on the GPU (i_gpu_start = n_layer + 1 - n). Token embeddings stay on the CPU.
     """
     kv_layer = m.kv_bytes_per_layer(n_ctx)
     compute = m.compute_bytes()
+    cpu_moe = _moe_layers(cpu_moe, m) if m.expert_bytes else 0
     used, n = 0, 0
     if budget >= compute + m.output_bytes:
         used, n = compute + m.output_bytes, 1
         for i in reversed(range(m.n_layers)):
-            if used + m.layer_bytes[i] + kv_layer > budget:
+            if used + m.device_layer_bytes(i, cpu_moe) + kv_layer > budget:
                 break
-            used += m.layer_bytes[i] + kv_layer
+            used += m.device_layer_bytes(i, cpu_moe) + kv_layer
             n += 1
     repeating = max(0, n - 1)
-    gpu_weights = (m.output_bytes if n else 0) + sum(m.layer_bytes[m.n_layers - repeating:])
+    gpu_weights = (m.output_bytes if n else 0) + sum(m.device_layer_bytes(i, cpu_moe)
+                                                     for i in range(m.n_layers - repeating, m.n_layers))
     cpu = m.file_bytes - gpu_weights + kv_layer * (m.n_layers - repeating) + (compute if n == 0 else 0)
-    return Placement(m.name, role, n, m.n_layers, used, cpu, kv_layer * m.n_layers, m.estimated)
+    return Placement(m.name, role, n, m.n_layers, used, cpu, kv_layer * m.n_layers, m.estimated, cpu_moe)
+
+
+def _place_moe(m: ModelSizes, role: str, budget: int, n_ctx: int, cpu_moe: int | None) -> Placement:
+    """With cpu_moe None (a mixture of experts, the planner's choice): every layer on the GPU with as few
+    layers' experts on the CPU as that takes; where even all experts on the CPU leave layers over, as many
+    layers as fit with every expert on the CPU."""
+    if cpu_moe is not None or not m.expert_bytes:
+        return _place(m, role, budget, n_ctx, cpu_moe or 0)
+    for k in range(m.n_layers + 1):
+        p = _place(m, role, budget, n_ctx, k)
+        if p.n_gpu_layers > m.n_layers:
+            return p
+    return p if p.n_gpu_layers > 1 else _place(m, role, budget, n_ctx, 0)  # no layer on the GPU: nothing to keep back
 
 
 def split_layers(n_gpu_layers: int, n_layers: int, free_by_device: dict[str, int]) -> dict[str, int]:
@@ -179,21 +223,27 @@ def split_layers(n_gpu_layers: int, n_layers: int, free_by_device: dict[str, int
 
 
 def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_bytes: int | None, n_ctx: int,
-         draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None) -> Plan:
+         draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None, cpu_moe: int | None = None,
+         kv_type: str = "f16") -> Plan:
     """Draft first, fully if it fits; then target layers; refuse if the CPU side exceeds RAM.
 
     draft_vram_bytes: the draft's own budget where it goes to other devices than the target (a
     target on RPC servers, a draft on this machine); devices: the target's devices and their free
-    memory, to show the split across them."""
+    memory, to show the split across them; cpu_moe: the target's layers whose experts stay on the
+    CPU (None: as few as it takes, for a mixture of experts); kv_type: the KV caches' type (-ctk/-ctv)."""
     if n_ctx < 1:
         raise GGUFSpecError(f"-c must be positive (got {n_ctx})")
+    if kv_type not in KV_TYPE_BYTES:
+        raise GGUFSpecError(f"-ctk {kv_type!r} is not a KV cache type llama.cpp knows; use one of {', '.join(KV_TYPE_BYTES)}")
+    target, draft = replace(target, kv_type=kv_type), replace(draft, kv_type=kv_type) if draft else None
     d = None
     budget = max(0, vram_bytes)
     if draft is not None:
         d = _place(draft, "draft", budget if draft_vram_bytes is None else max(0, draft_vram_bytes), n_ctx)
         budget -= d.gpu_bytes if draft_vram_bytes is None else 0
-    t = _place(target, "target", budget, n_ctx)
-    p = Plan(vram_bytes, ram_bytes, n_ctx, t, d, split_layers(t.n_gpu_layers, t.n_layers, devices) if devices else None)
+    t = _place_moe(target, "target", budget, n_ctx, cpu_moe)
+    p = Plan(vram_bytes, ram_bytes, n_ctx, t, d, split_layers(t.n_gpu_layers, t.n_layers, devices) if devices else None,
+             kv_type)
     if ram_bytes is not None and p.cpu_bytes > ram_bytes:
         raise GGUFSpecError(
             f"this plan needs {p.cpu_bytes / GiB:.1f} GiB of RAM beside {p.gpu_bytes / GiB:.1f} GiB of VRAM, but the machine "
@@ -235,8 +285,10 @@ def sizes_for(path_or_spec) -> ModelSizes:
 
 
 def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | None = None,
-                   draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None) -> tuple[int, int]:
-    """Turn N / 'all' / 'auto' into the n_gpu_layers llama.cpp gets, for target and draft.
+                   draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None,
+                   cpu_moe: int | None = None) -> tuple[int, int, int]:
+    """Turn N / 'all' / 'auto' into the n_gpu_layers llama.cpp gets, for target and draft, and the target's
+    layers whose experts stay on the CPU (cpu_moe: N, -1 for all, None: the plan's where -ngl is auto, else 0).
 
     With the target's devices known (devices: name -> free bytes, e.g. RPC servers), a layer count
     they cannot hold is refused in one line instead of failing inside llama.cpp."""
@@ -251,17 +303,30 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
         vram_bytes = sum(devices.values())
     if devices and ngl not in ("auto", 0, None):
         t = sizes_for(target)
-        fits = _place(t, "target", vram_bytes, n_ctx).n_gpu_layers
+        fits = _place(t, "target", vram_bytes, n_ctx, _moe_layers(cpu_moe, t)).n_gpu_layers
         wanted = t.n_layers + 1 if ngl == "all" else min(int(ngl), t.n_layers + 1)
         if wanted > fits:
             raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {vram_bytes / GiB:.1f} GiB free, "
                                 f"room for {fits} of its {t.n_layers + 1} layers; use -ngl {fits} or -ngl auto, or add a server")
+    fixed = cpu_moe or 0
     if "auto" not in (ngl, ngld):
-        return one(ngl, 0), one(ngld, 0)
-    vram = detect_vram() if vram_bytes is None else vram_bytes  # only a plan needs it (nvidia-smi is slow)
+        return one(ngl, 0), one(ngld, 0), fixed
+    vram = detect_vram() if vram_bytes is None else vram_bytes
     dvram = vram if draft_vram_bytes is None else draft_vram_bytes
     if vram <= 0 and dvram <= 0:
-        return one(ngl, 0), one(ngld, 0)  # nothing to plan: everything stays on the CPU
+        return one(ngl, 0), one(ngld, 0), fixed  # nothing to plan: everything stays on the CPU
     p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=None, n_ctx=n_ctx,
-             draft_vram_bytes=draft_vram_bytes)
-    return one(ngl, p.target.n_gpu_layers), one(ngld, p.draft.n_gpu_layers if p.draft else 0)
+             draft_vram_bytes=draft_vram_bytes, cpu_moe=cpu_moe if ngl == "auto" else fixed)
+    return (one(ngl, p.target.n_gpu_layers), one(ngld, p.draft.n_gpu_layers if p.draft else 0),
+            p.target.cpu_moe if ngl == "auto" else fixed)
+
+
+def cpu_moe_value(value) -> int | None:
+    """--n-cpu-moe as the planner and engine take it: N, -1 for every layer ('all'), None for the plan's choice."""
+    if isinstance(value, list):
+        raise GGUFSpecError("--n-cpu-moe takes one value (N, all or auto), not a list")
+    return None if value in (None, "auto") else -1 if value == "all" else int(value)
+
+
+def _moe_layers(cpu_moe: int | None, m: ModelSizes) -> int:
+    return m.n_layers if cpu_moe is not None and cpu_moe < 0 else cpu_moe or 0

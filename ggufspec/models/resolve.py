@@ -23,6 +23,7 @@ class LoadOptions:
     draft: str | None = None
     n_gpu_layers: int | str | None = None  # N, "all", "auto"; None: the pair's default, else auto
     draft_n_gpu_layers: int | str | None = None
+    cpu_moe: int | str | None = None  # N, "all", "auto"/None: the target's layers whose experts stay on the CPU
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int | None = None
@@ -107,7 +108,7 @@ def pair_defaults(spec: PairSpec) -> dict:
 def open_engine(o: LoadOptions):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults)."""
     from ..engine import Engine
-    from .offload import resolve_layers
+    from .offload import cpu_moe_value, resolve_layers
     from ..llama.rpc import budgets, devices_for
 
     target, draft, defaults = resolve_models(o.pair, o.target, o.draft, registry=o.registry, offline=o.offline,
@@ -125,27 +126,32 @@ def open_engine(o: LoadOptions):
             raise GGUFSpecError("a comma list of layer counts is a sweep: use it with `ggufspec bench`")
         return value if value is not None else defaults.get(key, "auto")
 
-    ngl, ngld = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx,
-                               **planned)
+    ngl, ngld, cpu_moe = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx,
+                                        cpu_moe=cpu_moe_value(o.cpu_moe), **planned)
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
-                    draft_devices=draft_devices)
+                    draft_devices=draft_devices, cpu_moe=cpu_moe)
     return engine, defaults
 
 
 def plan_offload(pair: str | None, target: str | None, draft: str | None, *, registry=None, vram_bytes: int | None,
-                 ram_bytes: int, n_ctx: int, rpc: str | None = None):
+                 ram_bytes: int, n_ctx: int, rpc: str | None = None, cpu_moe: int | None = None, kv_type: str = "f16"):
     """The offload plan for a pair or models, from their GGUF files or, not downloaded, their registry
     entries. With RPC servers: the target over their devices (split as llama.cpp splits it), the draft
     on this machine's own GPUs."""
-    from .offload import detect_vram, plan, sizes_for
+    from .offload import plan, sizes_for
+    from ..llama.devices import local_gpus
     from ..llama.rpc import budgets, devices_for
 
     devices = draft_vram = None
     if rpc:
         devices, draft_vram = budgets(*devices_for(rpc))
-    if vram_bytes is None:
-        vram_bytes = sum(devices.values()) if devices else detect_vram()
+    if vram_bytes is None and not devices:
+        local = local_gpus()
+        devices = local if len(local) > 1 else None  # several GPUs: show how llama.cpp splits the layers
+        vram_bytes = sum(local.values())
+    elif vram_bytes is None:
+        vram_bytes = sum(devices.values())
     reg = load_registry(registry)
     target, draft, _ = pair_names(pair, target, draft, reg)
 
@@ -156,7 +162,7 @@ def plan_offload(pair: str | None, target: str | None, draft: str | None, *, reg
         return sizes_for(local_path(spec) or spec)
 
     return plan(sizes(target), sizes(draft) if draft else None, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx,
-                draft_vram_bytes=draft_vram, devices=devices)
+                draft_vram_bytes=draft_vram, devices=devices, cpu_moe=cpu_moe, kv_type=kv_type)
 
 
 def status(registry: Registry) -> dict:
