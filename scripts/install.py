@@ -122,8 +122,11 @@ def vulkan_args(apt: bool) -> str:
                                ("glslang-tools", shutil.which("glslangValidator"))] if not ok]
     if missing and apt and shutil.which("apt-get"):
         print(f"+ apt-get install {' '.join(VULKAN_APT)}", file=sys.stderr)
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *VULKAN_APT], check=True,
-                       stdout=subprocess.DEVNULL, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *VULKAN_APT]
+        if subprocess.run(install, stdout=subprocess.DEVNULL, env=env).returncode != 0:  # stale package lists
+            subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL, env=env)
+            subprocess.run(install, check=True, stdout=subprocess.DEVNULL, env=env)
     elif missing:
         hint = f"apt-get install {' '.join(VULKAN_APT)} (or rerun with --apt)" if shutil.which("apt-get") else \
             "the Vulkan SDK (https://vulkan.lunarg.com), then set VULKAN_SDK"

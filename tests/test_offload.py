@@ -108,15 +108,15 @@ def test_layer_values_reach_the_model(tiny):
 
 @pytest.mark.skipif(not backend.supports_gpu_offload(), reason="no GPU here (tests/test_rpc.py checks the same log with a layer-taking RPC device)")
 def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
-    backend.set_verbose(True)
     try:
-        with Engine(tiny["target"], n_ctx=256, n_gpu_layers=2):
+        with Engine(tiny["target"], n_ctx=256, n_gpu_layers=2, verbose=True):
             pass
     finally:
         backend.set_verbose(False)
     assert "offloaded 2/3 layers to GPU" in capfd.readouterr().err
 
 
+@pytest.mark.skipif(backend.supports_gpu_offload(), reason="a GPU is here: tests/gpu/test_gpu.py tunes on it")
 def test_tune_measures_around_the_plan_and_writes_the_pair_defaults(tiny, tmp_path, monkeypatch):
     import subprocess
     import sys

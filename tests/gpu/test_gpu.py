@@ -1,0 +1,122 @@
+"""Layers on a GPU, for real: placement read back from llama.cpp, the guarantees per placement, the plan
+against what llama.cpp allocated, experts kept on the CPU, and the driver fault guarded."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ggufspec import Engine
+from ggufspec.llama.backend import Context, Model
+from ggufspec.models.offload import detect_vram, plan, sizes_for
+
+from clirun import ggufspec
+
+MiB = 1 << 20
+# (target -ngl, draft -ngld): all on the GPU, the target there and the draft on the CPU, the reverse, a split.
+PLACEMENTS = [(-1, -1), (-1, 0), (0, -1), (2, -1)]
+MODES = ("draft", "lookup", "auto")
+
+
+def on_device(buffers: dict, gpu: str) -> float:
+    return sum(mib for name, mib in buffers.items() if name == gpu)
+
+
+def test_the_device_and_its_free_memory_are_llama_cpps(gpu):
+    from ggufspec.cli.doctor import diagnose
+
+    report = diagnose()
+    device = next(d for d in report["devices"] if d["name"] == gpu)
+    assert device["free_bytes"] > 0 and device["total_bytes"] >= device["free_bytes"]
+    assert detect_vram() >= device["free_bytes"]  # the plan's budget: what ggml reports, not nvidia-smi
+    assert any(f in report["build_features"] for f in ("VULKAN", "CUDA", "METAL", "HIP", "SYCL"))
+
+
+def test_batches_of_growing_size_do_not_crash_the_driver(gpu, tiny):
+    """Mesa 22.3's llvmpipe segfaulted on llama.cpp's fused shaders after batches of 1, 2, then 3 tokens
+    (runtime.init turns fusion off on a software device); in a process of its own, since a crash kills it."""
+    code = ("import sys; from ggufspec.llama.backend import Model, Context\n"
+            "m = Model(sys.argv[1], n_gpu_layers=-1); c = Context(m, n_ctx=256)\n"
+            "[c.decode(list(range(100, 100 + n)), logits='all') for n in range(1, 9)]; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code, str(tiny["target"])], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("ngl,ngld", PLACEMENTS, ids=lambda v: str(v))
+def test_greedy_and_seeded_identity_on_each_placement(gpu, tiny, ngl, ngld):
+    with Engine(tiny["target"], tiny["close"], n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=ngld) as e:
+        weights = e.weights()
+        assert (on_device(weights["target"], gpu) > 0) == (ngl != 0), weights
+        assert (on_device(weights["draft"], gpu) > 0) == (ngld != 0), weights
+        drafted = 0
+        for prompt in ("hello world hello world", "def f(x):"):
+            greedy = e.generate(prompt, max_tokens=32, mode="target", ignore_eos=True).tokens
+            seeded = e.generate(prompt, max_tokens=32, mode="target", seed=3, temperature=0.8, ignore_eos=True).tokens
+            for mode in MODES:
+                out = e.generate(prompt, max_tokens=32, mode=mode, draft_max=4, ignore_eos=True)
+                assert out.tokens == greedy, (prompt, mode)
+                drafted += out.stats.n_drafted
+                assert e.generate(prompt, max_tokens=32, mode=mode, seed=3, temperature=0.8,
+                                  ignore_eos=True).tokens == seeded, (prompt, mode)
+        assert drafted > 0
+
+
+def test_costs_are_measured_on_the_devices_kernels(gpu, tiny):
+    with Engine(tiny["target"], tiny["close"], n_ctx=512, n_gpu_layers=-1, draft_n_gpu_layers=0) as e:
+        report = e.cost_report()
+        assert e.costs.target_token_seconds > 0 and e.costs.exact_batch >= 1
+        assert report["target"].endswith("target.gguf")
+
+
+def test_the_plan_covers_what_llama_cpp_allocates_on_the_device(gpu, tiny):
+    """Predicted device bytes (weights + KV + compute allowance) against llama.cpp's own buffers: never below."""
+    sizes = sizes_for(tiny["target"])
+    p = plan(sizes, None, vram_bytes=1 << 30, ram_bytes=None, n_ctx=512)
+    assert p.target.n_gpu_layers == sizes.n_layers + 1
+    model = Model(tiny["target"], n_gpu_layers=-1)
+    ctx = Context(model, n_ctx=512)
+    try:
+        allocated = (on_device(model.buffers, gpu) + on_device(ctx.buffers.get("KV", {}), gpu)
+                     + on_device(ctx.buffers.get("compute", {}), gpu)) * MiB
+    finally:
+        ctx.close()
+        model.close()
+    assert allocated > 0
+    assert p.target.gpu_bytes >= allocated, (p.target.gpu_bytes, allocated)
+    assert p.target.gpu_bytes - allocated < 64 * MiB  # the allowance is the gap: logits, activations, slack
+
+
+def test_experts_stay_on_the_cpu_and_the_text_does_not_change(gpu, moe):
+    texts = {}
+    for cpu_moe in (0, 1, -1):
+        with Engine(moe, moe, n_ctx=256, n_gpu_layers=-1, draft_n_gpu_layers=0, cpu_moe=cpu_moe) as e:
+            texts[cpu_moe] = e.generate("hello world", max_tokens=24, mode="target", ignore_eos=True).tokens
+            assert e.generate("hello world", max_tokens=24, mode="draft", ignore_eos=True).tokens == texts[cpu_moe]
+            texts[f"weights{cpu_moe}"] = on_device(e.weights()["target"], gpu)
+            assert e.costs.exact_batch >= 1  # the batch costs measured with this split
+    assert texts["weights0"] > texts["weights1"] > texts["weights-1"] > 0
+    assert len(texts[0]) == len(texts[1]) == len(texts[-1]) == 24
+
+
+def test_plan_puts_experts_on_the_cpu_when_the_layers_do_not_fit(gpu, moe):
+    sizes = sizes_for(moe)
+    whole = plan(sizes, None, vram_bytes=1 << 30, ram_bytes=None, n_ctx=256)
+    assert whole.target.cpu_moe == 0 and whole.flags().startswith("-ngl all -c")
+    short = whole.target.gpu_bytes - sizes.expert_bytes[0] // 2
+    p = plan(sizes, None, vram_bytes=short, ram_bytes=None, n_ctx=256)
+    assert p.target.n_gpu_layers > sizes.n_layers and p.target.cpu_moe == 1
+    assert "--n-cpu-moe 1" in p.flags()
+    out = ggufspec("plan", "-m", moe, "--vram", f"{short // 1024}KiB", "-c", 256)
+    assert out.returncode == 0, out.stderr
+    assert "experts of 1 on CPU" in out.stdout and "--n-cpu-moe 1" in out.stdout
+
+
+def test_tune_measures_placements_on_the_device(gpu, tiny):
+    out = ggufspec("tune", "-m", tiny["target"], "-md", tiny["close"], "-n", 8, "--repeats", 1, "--draft-max", "2",
+                   "-c", 512, "--json", timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["gpu"] is True
+    assert {r["ngl"] for r in result["rows"]} - {0}  # layers were placed on the device
+    assert all(r["identical"] in (None, True) for r in result["rows"])
