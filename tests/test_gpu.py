@@ -1,7 +1,12 @@
-"""Layers on a GPU, for real: placement read back from llama.cpp, the guarantees per placement, the plan
-against what llama.cpp allocated, experts kept on the CPU, and the driver fault guarded."""
+"""The GPU tier: layers on a GPU, for real: placement read back from llama.cpp, the guarantees per placement, the
+plan against what llama.cpp allocated, experts kept on the CPU, the driver fault guarded, tune on the device.
+
+It needs a GPU llama.cpp can place layers on (CUDA, ROCm, Metal, or Vulkan, Mesa's software llvmpipe included:
+`python scripts/install.py test --vulkan`, then GGML_VK_VISIBLE_DEVICES=0). Without one it skips;
+GGUFSPEC_REQUIRE_GPU=1 (CI's Vulkan step) makes that a failure."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -12,6 +17,29 @@ from ggufspec.llama.backend import Context, Model
 from ggufspec.models.offload import detect_vram, plan, sizes_for
 
 from clirun import ggufspec
+from conftest import real_model
+from tiny import write_tiny_moe
+
+
+@pytest.fixture(scope="session")
+def gpu() -> str:
+    """The first local GPU's name (Vulkan0, CUDA0, ...)."""
+    from ggufspec.llama.devices import local_gpus
+
+    found = list(local_gpus())
+    if not found:
+        message = ("no GPU device here (build with `python scripts/install.py test --vulkan` and set "
+                   "GGML_VK_VISIBLE_DEVICES=0 for Mesa's llvmpipe)")
+        if os.environ.get("GGUFSPEC_REQUIRE_GPU") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def moe(tmp_path_factory):
+    return write_tiny_moe(tmp_path_factory.mktemp("moe") / "moe.gguf", seed=0)
+
 
 MiB = 1 << 20
 # (target -ngl, draft -ngld): all on the GPU, the target there and the draft on the CPU, the reverse, a split.
@@ -120,3 +148,16 @@ def test_tune_measures_placements_on_the_device(gpu, tiny):
     assert result["gpu"] is True
     assert {r["ngl"] for r in result["rows"]} - {0}  # layers were placed on the device
     assert all(r["identical"] in (None, True) for r in result["rows"])
+
+
+@pytest.mark.slow
+def test_the_real_pair_with_layers_on_the_device(gpu):
+    """A smoke run of the default pair: the target's last 3 layers and output layer on the device, the draft on the
+    CPU, a few tokens (a software device is slow), draft mode's text = target-only's on the same placement."""
+    target = real_model("qwen2.5-coder-1.5b-instruct-q8_0.gguf")
+    draft = real_model("qwen2.5-coder-0.5b-instruct-q4_0.gguf")
+    with Engine(target, draft, n_ctx=512, n_gpu_layers=4, draft_n_gpu_layers=0, measure=False) as e:
+        assert on_device(e.weights()["target"], gpu) > 100  # MiB: three layers and the output matrix
+        prompt = "def fibonacci(n):"
+        alone = e.generate(prompt, max_tokens=6, mode="target").tokens
+        assert e.generate(prompt, max_tokens=6, mode="draft", draft_max=2).tokens == alone
