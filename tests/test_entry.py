@@ -86,17 +86,23 @@ def test_ctrl_c_while_a_context_is_created_is_not_lost(tiny, monkeypatch):
     would be printed as ignored and lost (a generation of -n 100000 then runs on). It must come out."""
     from ggufspec.llama import backend, runtime
 
-    class Trap(list):
-        def append(self, line):
-            if not self:
+    class Trap:  # stands for stderr, which the log callback writes to with --verbose: the signal comes from inside it
+        fired = False
+
+        def write(self, line):
+            if not self.fired:
+                self.fired = True
                 os.kill(os.getpid(), signal.SIGINT)
-            super().append(line)
+
+        def flush(self):
+            pass
 
     runtime.init()
     unraisable = []
     with backend.Model(tiny["target"]) as model:
         monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-        monkeypatch.setattr(runtime.RUNTIME, "capture", Trap())
+        monkeypatch.setattr(runtime.RUNTIME, "verbose", True)
+        monkeypatch.setattr(sys, "stderr", Trap())
         with pytest.raises(KeyboardInterrupt):
             backend.Context(model, n_ctx=256)
         monkeypatch.undo()

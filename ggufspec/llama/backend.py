@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import amx, system
-from .devices import descriptions, device_array, devices, supports_gpu_offload
+from .devices import descriptions, device_array, devices, software_vulkan, supports_gpu_offload
 from .overrides import BuftOverrides, cpu_buffer_type, expert_pattern
 from ..errors import ContextFullError, GGUFSpecError
 from .gguf_info import file_stamp, read_info
@@ -233,6 +233,8 @@ class Context(Closing):
         params.n_threads_batch = int(n_threads)
         params.no_perf = True
         params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
+        if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention shaders (devices.software_vulkan)
+            params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._owned = True
         self._ctx, log = create_context(model._model, params)
         self.buffers = buffers(log)  # what llama.cpp allocated where: {"KV" | "compute" | ...: {buffer: MiB}}

@@ -44,14 +44,21 @@ def avoid_driver_faults() -> None:
     end in a segmentation fault, llama-cpp-python's own `Llama(flash_attn=True)` alike. Fusion is read
     when a device is first used (GGML_VK_DISABLE_FUSION), so this runs before any model loads; a
     software device's speed means nothing anyway. Called once, by runtime.init."""
-    if "GGML_VK_DISABLE_FUSION" in os.environ:
-        return
+    if software_vulkan() and "GGML_VK_DISABLE_FUSION" not in os.environ:
+        os.environ["GGML_VK_DISABLE_FUSION"] = "1"
+
+
+@functools.cache
+def software_vulkan() -> bool:
+    """Whether llama.cpp sees a software Vulkan device (Mesa's llvmpipe). On it a mixture of experts crashes
+    the same way with flash attention even with fusion off (batches of 1, 2, 3 tokens; llama-cpp-python's
+    `Llama(flash_attn=True)` too, not with flash_attn=False), so contexts there turn flash attention off."""
     lib = _lib()
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         if lib.ggml_backend_dev_name(dev).startswith(b"Vulkan") and is_software(lib.ggml_backend_dev_description(dev).decode()):
-            os.environ["GGML_VK_DISABLE_FUSION"] = "1"
-            return
+            return True
+    return False
 
 
 def ggml():
