@@ -116,7 +116,7 @@ def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
     assert "offloaded 2/3 layers to GPU" in capfd.readouterr().err
 
 
-@pytest.mark.skipif(backend.supports_gpu_offload(), reason="a GPU is here: tests/gpu/test_gpu.py tunes on it")
+@pytest.mark.skipif(backend.supports_gpu_offload(), reason="a GPU is here: tests/test_gpu.py tunes on it")
 def test_tune_measures_around_the_plan_and_writes_the_pair_defaults(tiny, tmp_path, monkeypatch):
     import subprocess
     import sys
