@@ -157,3 +157,43 @@ def test_plan_ram_messages(tiny):
     one_line(run("plan", "-m", tiny["target"], "--ram", "lots"), "--ram 'lots' is not a size")
     one_line(run("plan", "-m", tiny["target"], "--ram", "0"), "needs", "RAM")
     assert np  # numpy imported for the fixtures' sake
+
+
+def moe_sizes(n_layers=4, layer_mib=100, expert_mib=90):
+    """A mixture of experts whose layers are mostly experts (as Qwen3-30B-A3B's are)."""
+    return ModelSizes("moe", n_layers, (layer_mib * MiB,) * n_layers, 50 * MiB, 50 * MiB, 1024, 4, 64, 32000,
+                      expert_bytes=(expert_mib * MiB,) * n_layers)
+
+
+def test_moe_plan_keeps_as_few_layers_experts_on_the_cpu_as_the_budget_needs():
+    m = moe_sizes()
+    whole = plan(m, None, vram_bytes=8 * GiB, ram_bytes=None, n_ctx=4096)
+    assert (whole.target.flag, whole.target.cpu_moe) == ("all", 0) and "cpu-moe" not in whole.flags()
+    for k in (1, 2, 3):  # room for every layer with k layers' experts on the CPU, not with k - 1
+        budget = whole.target.gpu_bytes - (k - 1) * 90 * MiB - MiB
+        p = plan(m, None, vram_bytes=budget, ram_bytes=None, n_ctx=4096)
+        assert (p.target.flag, p.target.cpu_moe) == ("all", k), (k, p.target)
+        assert p.target.gpu_bytes <= budget and f"--n-cpu-moe {k}" in p.flags()
+    every = plan(m, None, vram_bytes=whole.target.gpu_bytes - 3 * 90 * MiB - MiB, ram_bytes=None, n_ctx=4096)
+    assert (every.target.flag, every.target.cpu_moe) == ("all", 4) and "--cpu-moe" in every.flags()
+    short = plan(m, None, vram_bytes=whole.target.gpu_bytes - 4 * 90 * MiB - 20 * MiB, ram_bytes=None, n_ctx=4096)
+    assert short.target.cpu_moe == 4 and 1 < short.target.n_gpu_layers <= m.n_layers  # not every layer: as many as fit
+    fixed = plan(m, None, vram_bytes=8 * GiB, ram_bytes=None, n_ctx=4096, cpu_moe=2)
+    assert fixed.target.cpu_moe == 2 and fixed.target.gpu_bytes == whole.target.gpu_bytes - 2 * 90 * MiB
+    dense = plan(LLAMA3_8B, None, vram_bytes=GiB, ram_bytes=None, n_ctx=4096)  # no experts: nothing to keep back
+    assert dense.target.cpu_moe == 0
+
+
+def test_kv_cache_type_is_counted_and_named_in_the_flags():
+    f16 = plan(LLAMA3_70B, None, vram_bytes=24 * GiB, ram_bytes=None, n_ctx=8192)
+    q8 = plan(LLAMA3_70B, None, vram_bytes=24 * GiB, ram_bytes=None, n_ctx=8192, kv_type="q8_0")
+    assert q8.target.kv_bytes == int(f16.target.kv_bytes / LLAMA3_70B.n_layers * 34 / 64) * LLAMA3_70B.n_layers
+    assert q8.target.n_gpu_layers > f16.target.n_gpu_layers
+    assert q8.flags().endswith("-ctk q8_0 -ctv q8_0")
+
+
+def test_bad_kv_type_and_expert_counts_are_one_line(tiny):
+    one_line(run("plan", "-m", tiny["target"], "-ctk", "q9_9"), "-ctk 'q9_9' is not a KV cache type", "q8_0")
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "-n", 2, "--n-cpu-moe", "1,2"),
+             "--n-cpu-moe takes one value")
+    one_line(run("generate", "-m", tiny["target"], "-p", "hi", "-n", 2, "--n-cpu-moe", "-2"), "-2 is negative")

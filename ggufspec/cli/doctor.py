@@ -52,7 +52,7 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
 
 def device_problems(features: list[str], found: list[dict]) -> list[dict]:
     """A GPU backend that found no device, and a GPU that is only emulated on the CPU."""
-    gpus = [d for d in found if d["type"] not in ("CPU", "RPC")]
+    gpus = [d for d in found if devices.is_local_gpu(d)]
     if "VULKAN" in features and not any(d["name"].startswith("Vulkan") for d in gpus):
         return [{"severity": "warning", "problem": "this build has llama.cpp's Vulkan backend but it found no Vulkan "
                  "device, so every layer stays on the CPU", "fix": "install your GPU's Vulkan driver (`vulkaninfo "

@@ -93,7 +93,7 @@ class Model(VocabFacts, Closing):
         if self.cpu_moe:
             self.devices_key += f",experts-on-cpu:{self.cpu_moe}"
         self._model, log = load_model(str(self.path), params)
-        self.buffers = buffers(log)["model"]  # where llama.cpp put the weights, as it reports it: {buffer: MiB}
+        self.buffers = buffers(log).get("model", {})  # where llama.cpp put the weights, as it reports it: {buffer: MiB}
         if not self._model and problem:
             raise GGUFSpecError(f"{self.path}: {problem}")
         if not self._model and not vocab_only and not self.info.tensors:
@@ -233,7 +233,7 @@ class Context(Closing):
         params.n_threads_batch = int(n_threads)
         params.no_perf = True
         params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
-        if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention shaders (devices.software_vulkan)
+        if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention (devices.software_vulkan)
             params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._owned = True
         self._ctx, log = create_context(model._model, params)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 from ..errors import GGUFSpecError
 from .runtime import init
@@ -36,29 +35,13 @@ def _lib():
     return lib
 
 
-def avoid_driver_faults() -> None:
-    """Turn off llama.cpp's fused Vulkan shaders on a software Vulkan device, unless the user set it.
-
-    Mesa's llvmpipe of Debian 12 (lavapipe 22.3) crashes inside its own shader threads on them with
-    flash attention (llama.cpp's default where a device supports it): batches of 1, 2 and then 3 tokens
-    end in a segmentation fault, llama-cpp-python's own `Llama(flash_attn=True)` alike. Fusion is read
-    when a device is first used (GGML_VK_DISABLE_FUSION), so this runs before any model loads; a
-    software device's speed means nothing anyway. Called once, by runtime.init."""
-    if software_vulkan() and "GGML_VK_DISABLE_FUSION" not in os.environ:
-        os.environ["GGML_VK_DISABLE_FUSION"] = "1"
-
-
 @functools.cache
 def software_vulkan() -> bool:
-    """Whether llama.cpp sees a software Vulkan device (Mesa's llvmpipe). On it a mixture of experts crashes
-    the same way with flash attention even with fusion off (batches of 1, 2, 3 tokens; llama-cpp-python's
-    `Llama(flash_attn=True)` too, not with flash_attn=False), so contexts there turn flash attention off."""
-    lib = _lib()
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        if lib.ggml_backend_dev_name(dev).startswith(b"Vulkan") and is_software(lib.ggml_backend_dev_description(dev).decode()):
-            return True
-    return False
+    """Whether llama.cpp sees a software Vulkan device (Mesa's llvmpipe). Contexts there run without flash
+    attention: Mesa 22.3's llvmpipe (Debian 12) crashes inside its own shader threads in llama.cpp's flash
+    attention after batches of 1, 2 and then 3 tokens (llama-cpp-python's own `Llama(flash_attn=True)` alike;
+    not with flash_attn=False), and a software device's speed means nothing anyway."""
+    return any(d["name"].startswith("Vulkan") and d["software"] for d in devices())
 
 
 def ggml():
@@ -89,9 +72,15 @@ def devices() -> list[dict]:
         name = lib.ggml_backend_dev_name(dev).decode()
         description = lib.ggml_backend_dev_description(dev).decode()
         kind = "RPC" if name.startswith("RPC") else DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other")
-        out.append({"name": name, "description": description, "type": kind, "free_bytes": free.value,
-                    "total_bytes": total.value, "software": kind not in ("CPU", "RPC") and is_software(description)})
+        found = {"name": name, "description": description, "type": kind, "free_bytes": free.value,
+                 "total_bytes": total.value}
+        out.append(found | {"software": is_local_gpu(found) and is_software(description)})
     return out
+
+
+def is_local_gpu(device: dict) -> bool:
+    """A GPU or accelerator of this machine (a `devices()` entry that is neither the CPU nor an RPC server's)."""
+    return device["type"] not in ("CPU", "RPC")
 
 
 def is_software(description: str) -> bool:
@@ -102,7 +91,7 @@ def is_software(description: str) -> bool:
 def local_gpus() -> dict[str, int]:
     """This machine's own GPUs and accelerators (not the CPU, not RPC servers): name -> free bytes, as ggml
     reports them (CUDA, ROCm, Vulkan, Metal, SYCL alike), in llama.cpp's device order."""
-    return {d["name"]: d["free_bytes"] for d in devices() if d["type"] not in ("CPU", "RPC")}
+    return {d["name"]: d["free_bytes"] for d in devices() if is_local_gpu(d)}
 
 
 def supports_gpu_offload() -> bool:

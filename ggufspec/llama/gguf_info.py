@@ -13,6 +13,9 @@ from pathlib import Path
 from ..errors import GGUFSpecError
 
 GGUF_MAGIC = b"GGUF"
+# A mixture of experts' expert tensors, as llama.cpp names them (common/common.h: LLM_FFN_EXPS_REGEX, which its
+# --cpu-moe passes to its tensor buffer overrides; std::regex_search, as Python's re.search).
+EXPERT_TENSORS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
 
 @dataclass(frozen=True)

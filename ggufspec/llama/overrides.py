@@ -10,9 +10,7 @@ from __future__ import annotations
 import ctypes
 
 from .devices import cpu_device, ggml
-
-# llama.cpp's own patterns (common/common.h: LLM_FFN_EXPS_REGEX, llm_ffn_exps_block_regex).
-EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+from .gguf_info import EXPERT_TENSORS
 
 
 def expert_pattern(cpu_moe: int, n_layers: int) -> str | None:
@@ -21,8 +19,8 @@ def expert_pattern(cpu_moe: int, n_layers: int) -> str | None:
     if cpu_moe == 0:
         return None
     if cpu_moe < 0 or cpu_moe >= n_layers:
-        return EXPERTS
-    return rf"^blk\.({'|'.join(str(i) for i in range(cpu_moe))}){EXPERTS}"
+        return EXPERT_TENSORS
+    return rf"^blk\.({'|'.join(str(i) for i in range(cpu_moe))}){EXPERT_TENSORS}"  # llama.cpp's llm_ffn_exps_block_regex
 
 
 def cpu_buffer_type():
@@ -39,14 +37,10 @@ class BuftOverrides:
     pairs in the order llama.cpp should try them (keep this object alive as long as the params are used)."""
 
     def __init__(self, pairs: list[tuple[str, int]]):
-        self.patterns = [p for p, _ in pairs]
-        self._encoded = [p.encode() for p in self.patterns]
+        self._encoded = [p.encode() for p, _ in pairs]
         self.array = (_BuftOverride * (len(pairs) + 1))()
         for i, (p, (_, buft)) in enumerate(zip(self._encoded, pairs)):
             self.array[i].pattern, self.array[i].buft = p, buft
-
-    def __bool__(self) -> bool:
-        return bool(self.patterns)
 
     @property
     def pointer(self) -> ctypes.c_void_p:

@@ -109,7 +109,7 @@ _BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(model|KV|RS|compute|output) buffer 
 
 def buffers(log: list[str]) -> dict[str, dict[str, float]]:
     """{"model" | "KV" | "RS" | "compute" | "output": {buffer name: MiB}} from llama.cpp's log lines."""
-    out: dict[str, dict[str, float]] = {"model": {}}
+    out: dict[str, dict[str, float]] = {}
     for m in filter(None, map(_BUFFER_LINE.match, log)):
         kind = out.setdefault(m.group(2), {})
         kind[m.group(1)] = kind.get(m.group(1), 0.0) + float(m.group(3))
@@ -169,9 +169,6 @@ def init() -> None:
         if not RUNTIME.started:
             C.llama_log_set(_log_callback, ctypes.c_void_p(0))
             C.llama_backend_init()
-            from .devices import avoid_driver_faults
-
-            avoid_driver_faults()
             RUNTIME.started = True
 
 

@@ -21,11 +21,9 @@ from ..errors import GGUFSpecError
 
 GiB = 1 << 30
 MiB = 1 << 20
-KV_BYTES = 2  # f16 K and V cache, llama.cpp's default
 # Bytes per element of a KV cache type (-ctk/-ctv): llama.cpp's block sizes (q8_0: 34 bytes per 32 values).
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
                  "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
-EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.")  # llama.cpp's --cpu-moe pattern
 
 # Bits per weight of the bulk of a file, by quantisation (llama.cpp's quantize table).
 BITS_PER_WEIGHT = {"Q2_K": 2.96, "Q3_K_S": 3.5, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "Q4_0": 4.5, "Q4_K_S": 4.58,
@@ -70,13 +68,15 @@ class ModelSizes:
 
 def sizes_from_info(info) -> ModelSizes:
     """From a GGUFInfo (gguf_info.read_info): per-layer tensor bytes grouped by blk.N."""
+    from ..llama.gguf_info import EXPERT_TENSORS
+
     layers, experts = [0] * info.n_layers, [0] * info.n_layers
     output = embed = 0
     for t in info.tensors:
         m = re.match(r"blk\.(\d+)\.", t.name)
         if m and int(m.group(1)) < info.n_layers:
             layers[int(m.group(1))] += t.n_bytes
-            if EXPERT_TENSOR.search(t.name):
+            if re.search(EXPERT_TENSORS, t.name):
                 experts[int(m.group(1))] += t.n_bytes
         elif t.name.startswith("token_embd"):
             embed += t.n_bytes
