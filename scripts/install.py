@@ -128,9 +128,9 @@ def vulkan_args(apt: bool) -> str:
             subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL, env=env)
             subprocess.run(install, check=True, stdout=subprocess.DEVNULL, env=env)
     elif missing:
-        hint = f"apt-get install {' '.join(VULKAN_APT)} (or rerun with --apt)" if shutil.which("apt-get") else \
-            "the Vulkan SDK (https://vulkan.lunarg.com), then set VULKAN_SDK"
-        sys.exit(f"install.py: --vulkan needs {', '.join(missing)}, which this machine lacks; install {hint}")
+        hint = f"run `apt-get install {' '.join(VULKAN_APT)}` (or rerun with --apt)" if shutil.which("apt-get") else \
+            "install the Vulkan SDK (https://vulkan.lunarg.com), then set VULKAN_SDK"
+        sys.exit(f"install.py: --vulkan needs {', '.join(missing)}, which this machine lacks; {hint}")
     system_headers = Path(os.environ.get("VULKAN_SDK", "/usr")) / "include"
     if header_version(system_headers) >= VULKAN_HEADERS_MIN:
         return "-DGGML_VULKAN=on"
