@@ -6,7 +6,7 @@ auto are tested on one in milliseconds (tests/fake.py).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import ContextManager, Literal, Protocol, Sequence
 
 import numpy as np
@@ -173,6 +173,15 @@ class Stats:
                     mine.extend(theirs)
                 elif f.name != "mode":
                     setattr(out, f.name, mine + theirs)
+        return out
+
+    def copy(self) -> "Stats":
+        """A copy that later rounds do not change (its lists and dicts are its own)."""
+        out = replace(self)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (list, dict)):
+                setattr(out, f.name, value.copy())
         return out
 
     def to_dict(self) -> dict:

@@ -8,7 +8,6 @@ noise and the verification policy; `chunks()` prefills, runs the rounds and turn
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, fields, replace
@@ -192,7 +191,8 @@ class Generation:
         self.verification, self.draft_max = verification, draft_max if drafter is not None else 0
         self.rng = np.random.default_rng(s.seed)
         seed = s.seed if s.seed is not None else int(np.random.SeedSequence().entropy % (MAX_SEED + 1))
-        self.noise = PositionNoise(seed, ctx.n_vocab) if not s.greedy and s.rule == "coupled" else None
+        ahead = getattr(model, "cpu_waits", False)  # a target on a GPU: noise is made while it decodes
+        self.noise = PositionNoise(seed, ctx.n_vocab, ahead=ahead) if not s.greedy and s.rule == "coupled" else None
         self.stats = Stats(mode=s.mode, n_prompt=len(prompt_tokens))
         self.text = TextAssembler(model.token_to_piece, model.eog_mask, stop=s.stop, max_tokens=s.max_tokens,
                                   ignore_eos=s.ignore_eos)
@@ -208,17 +208,21 @@ class Generation:
         steps = rounds(self.ctx, self.drafter, self.prompt_tokens, logits, s, self.rng, max_tokens=s.max_tokens,
                        draft_max=self.draft_max, draft_min=s.draft_min, verification=self.verification,
                        noise=self.noise)
-        while True:
-            before_round()
-            r = next(steps, None)
-            if r is None:
-                return
-            chunk = self._chunk(r)
-            yield chunk
-            if chunk.finish_reason is not None:
-                return
+        try:
+            while True:
+                before_round()
+                r = next(steps, None)
+                if r is None:
+                    return
+                chunk = self._chunk(r)
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            if self.noise is not None:
+                self.noise.close()
 
     def _chunk(self, r: Round) -> Chunk:
         new_tokens, shown, finish = self.text.add(r.tokens)
         self.stats.add(r, len(new_tokens))
-        return Chunk(shown, new_tokens, r.source, r.n_drafted, r.n_accepted, copy.deepcopy(self.stats), finish)
+        return Chunk(shown, new_tokens, r.source, r.n_drafted, r.n_accepted, self.stats.copy(), finish)

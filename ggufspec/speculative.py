@@ -59,6 +59,8 @@ def speculative_step(target: Target, drafter: Drafter | None, history: list[int]
     assert target.n_past == n_past, (target.n_past, n_past)
     draft_max = max(0, min(draft_max, target.n_ctx - n_past - 1, target.n_batch - 1))
     picker = Picker(params, noise) if params.greedy or noise is not None else None
+    if picker is not None and picker.noise is not None:  # this round's positions, and the next round's first
+        picker.noise.prefetch(range(n_past + 1, n_past + 3 + draft_max))
     draft, draft_tokens = _propose(drafter, history, draft_max, draft_min, params, rng, picker)
     inputs = [history[-1]] + draft_tokens
     t0, n_keep, gaps = time.perf_counter(), n_past, []

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .core import Target
 from .costs import Costs
 from .sampling import Picker, SamplingParams, verify_greedy
@@ -88,47 +86,33 @@ class Verification:
         done, gaps = 0, []  # drafts confirmed by settled ties, and those ties' gaps
         while True:
             part, drafts, at = inputs[done:], draft_tokens[done:], n_past + done
-            logits = self._rows(target, part, drafts, at, picker)
-            n_accepted, next_token = verify_greedy(drafts, picker.picks(logits, at + 1))
-            j = self._first_tie(logits, n_accepted, len(part), at, picker)
+            picks, ties = self._judged(target, part, drafts, at, picker)
+            n_accepted, next_token = verify_greedy(drafts, picks)
+            j = next((i for i, gap in enumerate(ties[: n_accepted + 1]) if gap is not None), None)
             if j is None:
                 return done + n_accepted, next_token, gaps
-            gaps.append(picker.gap(logits[j], at + 1 + j))
+            gaps.append(ties[j])
             settled = settle_tie(target, part, drafts, at, j, picker)
             if settled is not None:
                 return done + settled[0], settled[1], gaps
             done += j + 1  # the tie confirmed the draft at row j: the cache holds it, verify the rest
 
-    def _rows(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
-              picker: Picker) -> np.ndarray:
-        """The target's rows for a round: in exact chunks where the policy says so, else in one batch."""
-        limit = self.batch_limit(n_past + len(inputs))
-        if limit is not None and len(inputs) > limit:
-            return _rows_in_chunks(target, inputs, min(self.chunk or limit, limit), draft_tokens, picker, n_past + 1)
-        return target.decode(inputs, logits="all")
-
-    def _first_tie(self, logits: np.ndarray, n_accepted: int, n_rows: int, n_past: int, picker: Picker) -> int | None:
-        """The first near-tie among the rows a batch verified that was not exact (None: nothing to settle)."""
-        if self.batch_limit(n_past + n_rows) is not None or n_rows <= self.exact_here(n_past + n_rows):
-            return None
-        tied = np.flatnonzero(picker.near_ties(logits[: n_accepted + 1], n_past + 1, self.tie_margin))
-        return int(tied[0]) if len(tied) else None
-
-
-def _rows_in_chunks(target: Target, inputs: list[int], chunk: int, draft_tokens: list[int], picker: Picker,
-                    t0: int) -> np.ndarray:
-    """Target rows for `inputs`, decoded in batches of `chunk` tokens (bit-exact ones).
-
-    Stops after the first batch holding a rejection: later rows could not be used anyway.
-    """
-    rows = []
-    for start in range(0, len(inputs), chunk):
-        part = target.decode(inputs[start:start + chunk], logits="all")
-        rows.append(part.copy())  # the view dies with the next decode
-        drafts = draft_tokens[start:start + len(part)]
-        if len(drafts) < len(part) or picker.picks(part, t0 + start)[: len(drafts)] != drafts:
-            break
-    return np.concatenate(rows)
+    def _judged(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
+                picker: Picker) -> tuple[list[int], list[float | None]]:
+        """The target's picks for a round, and its near-ties' gaps where the batch was not exact: in exact
+        chunks where the policy says so (stopping after the chunk that rejects a draft), else in one batch."""
+        n_kv = n_past + len(inputs)
+        limit = self.batch_limit(n_kv)
+        if limit is None or len(inputs) <= limit:
+            exact = limit is not None or len(inputs) <= self.exact_here(n_kv)
+            return picker.judge(target.decode(inputs, logits="all"), n_past + 1, None if exact else self.tie_margin)
+        chunk, picks = min(self.chunk or limit, limit), []
+        for start in range(0, len(inputs), chunk):
+            picks += picker.judge(target.decode(inputs[start:start + chunk], logits="all"), n_past + 1 + start)[0]
+            drafts = draft_tokens[start:len(picks)]
+            if picks[start:start + len(drafts)] != drafts or len(picks) > len(draft_tokens):
+                break
+        return picks, [None] * len(picks)
 
 
 def settle_tie(target: Target, inputs: list[int], draft_tokens: list[int], n_past: int, j: int,

@@ -104,6 +104,35 @@ def test_target_on_a_server_draft_at_home_same_text(tiny, server):
     assert remote["stats"]["n_drafted"] > 0
 
 
+NOISE_CHILD = """
+import json, sys, threading
+from ggufspec.engine import Engine
+from ggufspec.sampling import PositionNoise
+made, make = [], PositionNoise._make
+def spy(self, t, scratch):
+    made.append(threading.current_thread().name)
+    return make(self, t, scratch)
+PositionNoise._make = spy
+target, draft, endpoint = sys.argv[1:4]
+with Engine(target, draft, rpc=endpoint, n_gpu_layers=-1, n_ctx=512) as engine:
+    out = engine.generate("hello world", max_tokens=24, ignore_eos=True, mode="draft", temperature=0.9, seed=5)
+    print(json.dumps({"waits": [engine.target_model.cpu_waits, engine.draft_model.cpu_waits], "made": made,
+                      "tokens": out.tokens}))
+"""
+
+
+def test_a_target_on_a_server_has_its_sampling_noise_made_while_it_decodes(tiny, server):
+    """With the target's weights on a server this machine's CPU waits while the target decodes, so the coupled
+    rule's noise for a round's positions is made on a worker thread meanwhile; the seeded text is unchanged."""
+    r = subprocess.run([sys.executable, "-c", NOISE_CHILD, tiny["target"], tiny["close"], server], capture_output=True,
+                       text=True, timeout=TIMEOUT, env=_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    remote = json.loads(r.stdout.splitlines()[-1])
+    assert remote["waits"] == [True, False]
+    assert sum(name.startswith("ggufspec-noise") for name in remote["made"]) >= 12, remote["made"]
+    assert remote["tokens"] == generate_json(tiny, "--temp", "0.9", "-s", "5")["tokens"]
+
+
 def test_two_servers_share_the_target(tiny, two_servers):
     a, b = two_servers
     remote = generate_json(tiny, "--rpc", f"{a},{b}", "-ngl", "all")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import amx, system
-from .devices import descriptions, device_array, devices, software_vulkan, supports_gpu_offload
+from .devices import descriptions, device_array, devices, share_elsewhere, software_vulkan, supports_gpu_offload
 from .overrides import BuftOverrides, cpu_buffer_type, expert_pattern
 from ..errors import ContextFullError, GGUFSpecError
 from .gguf_info import file_stamp, read_info
@@ -24,6 +24,8 @@ from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut
 from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
+
+CPU_WAITS = 0.75  # the share of a model's weights off the CPU from which its decodes leave the CPU idle
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
@@ -94,6 +96,8 @@ class Model(VocabFacts, Closing):
             self.devices_key += f",experts-on-cpu:{self.cpu_moe}"
         self._model, log = load_model(str(self.path), params)
         self.buffers = buffers(log).get("model", {})  # where llama.cpp put the weights, as it reports it: {buffer: MiB}
+        # most of the weights on a hardware GPU or an RPC server: the CPU mostly waits while this model decodes
+        self.cpu_waits = share_elsewhere(self.buffers) >= CPU_WAITS
         if not self._model and problem:
             raise GGUFSpecError(f"{self.path}: {problem}")
         if not self._model and not vocab_only and not self.info.tensors:
@@ -341,7 +345,7 @@ class Context(Closing):
             decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.n_ctx)
             if self.canonical == self.n_past and m == self.n_batch and self.n_past % self.n_batch == 0:
                 self.canonical += m
-            self.tokens.extend(int(t) for t in tokens[start:end])
+            self.tokens.extend(tokens[start:end].tolist())
             start = end
         if logits == "none":
             return None

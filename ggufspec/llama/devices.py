@@ -83,6 +83,15 @@ def is_local_gpu(device: dict) -> bool:
     return device["type"] not in ("CPU", "RPC")
 
 
+def share_elsewhere(buffers: dict[str, float]) -> float:
+    """The share of these weights ({buffer: MiB}, as llama.cpp reported them) on a hardware GPU or an RPC server:
+    while those layers run, this machine's CPU waits (a software GPU's layers run on the CPU)."""
+    elsewhere = {d["name"] for d in devices() if d["type"] == "RPC" or (is_local_gpu(d) and not d["software"])}
+    total = sum(buffers.values())
+    moved = sum(mib for name, mib in buffers.items() if name in elsewhere or name.startswith("RPC"))
+    return moved / total if total else 0.0
+
+
 def is_software(description: str) -> bool:
     """Whether a device is a GPU emulated on the CPU (Mesa's llvmpipe, SwiftShader): real buffers, no speed."""
     return any(name in description.lower() for name in SOFTWARE_GPUS)

@@ -181,6 +181,10 @@ def test_with_a_seed_the_coupled_rule_writes_the_targets_own_text():
     for drafter in (ModelDrafter(target.like(7, 0.5)), LookupDrafter()):
         out, stats = generate(target, drafter, params=params, noise=PositionNoise(42, target.n_vocab), n=80)
         assert out == plain
+    ahead = PositionNoise(42, target.n_vocab, ahead=True)  # noise made on a worker thread while the target decodes
+    assert generate(target, ModelDrafter(target.like(7, 0.5)), params=params, noise=ahead, n=80)[0] == plain
+    ahead.close()
+    assert not ahead._pending
     assert plain != generate(target, params=params, noise=PositionNoise(43, target.n_vocab), n=80)[0]
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ggufspec.sampling import (SamplingParams, apply_min_p, apply_top_k, apply_top_p, max_prob, near_ties,
+from ggufspec.sampling import (SamplingParams, apply_min_p, apply_top_k, apply_top_p, max_prob,
                                probs_from_logits, sample, top2_gap, verify, verify_greedy)
 
 
@@ -99,9 +99,35 @@ def test_verify_greedy():
 
 
 def test_near_ties_and_gap():
+    from ggufspec.sampling import Picker
+
     logits = np.array([[1.0, 0.95, 0.0], [3.0, 1.0, 0.0]])
-    assert near_ties(logits, 0.1).tolist() == [True, False]
+    picks, gaps = Picker(SamplingParams()).judge(logits, 0, 0.1)
+    assert picks == [0, 0] and gaps[0] == pytest.approx(0.05) and gaps[1] is None
+    assert Picker(SamplingParams()).judge(logits, 0) == ([0, 0], [None, None])
     assert top2_gap(logits[1]) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_coupled_scores_and_gaps_are_log_p_plus_noise_in_logits(temperature):
+    """The coupled pick is argmax(l / T + G_t) at any temperature, and a near-tie's gap is in logits (T times the
+    gap of those scores), whichever way the float32 scores are scaled."""
+    from ggufspec.sampling import Picker, PositionNoise
+
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((6, 1000)).astype(np.float32) * 4
+    noise = PositionNoise(9, 1000)
+    picks, gaps = Picker(SamplingParams(temperature=temperature), noise).judge(rows, 5, margin=1e9)
+    for i, row in enumerate(rows):
+        exact = row.astype(np.float64) / temperature + noise.at(5 + i)
+        assert picks[i] == int(np.argmax(exact))
+        assert gaps[i] == pytest.approx(temperature * top2_gap(exact), rel=1e-4)
+
+
+def test_max_prob_leaves_out_only_what_cannot_count():
+    x = np.random.default_rng(0).standard_normal(151_936).astype(np.float32) * 10
+    exact = np.exp(x.astype(np.float64) - x.max())
+    assert max_prob(x) == pytest.approx(1.0 / exact.sum(), rel=1e-7)
 
 
 def test_max_prob():
