@@ -154,6 +154,28 @@ def test_tune_measures_placements_on_the_device(gpu, tiny):
     assert all(r["identical"] in (None, True) for r in result["rows"])
 
 
+def test_tune_sweeps_the_expert_split_and_saves_it(gpu, moe, tiny, tmp_path):
+    """A mixture of experts whose layers all fit with one layer's experts on the CPU: tune measures the split around
+    that (0, 1, 2 layers' experts on the CPU), every text target-only's, and --write saves the best as the pair's."""
+    from ggufspec.models.resolve import resolve_models
+
+    sizes, draft = sizes_for(moe), sizes_for(tiny["close"])
+    whole = plan(sizes, draft, vram_bytes=1 << 30, ram_bytes=None, n_ctx=256)
+    budget = whole.target.gpu_bytes + whole.draft.gpu_bytes - sizes.expert_bytes[0] // 2
+    reg = tmp_path / "models.toml"
+    reg.write_text(f'[pairs.moe]\ntarget = "{moe}"\ndraft = "{tiny["close"]}"\n')
+    out = ggufspec("tune", "moe", "--registry", reg, "--vram", budget, "-c", 256, "-n", 8, "--repeats", 1,
+                   "--draft-max", "2", "--step", 1, "--write", "--json", timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert {r["cpu_moe"] for r in result["rows"]} == {0, 1, 2}
+    assert {r["ngl"] for r in result["rows"]} == {sizes.n_layers + 1}
+    assert all(r["identical"] in (None, True) for r in result["rows"])
+    best = result["best"]["cpu_moe"]
+    assert f"--n-cpu-moe {best}" in result["flags"]
+    assert resolve_models("moe", None, None, registry=reg)[2]["cpu_moe"] == best
+
+
 @pytest.mark.slow
 def test_the_real_pair_with_layers_on_the_device(gpu):
     """A smoke run of the default pair: the target's last 3 layers and output layer on the device, the draft on the

@@ -170,6 +170,7 @@ PAIR = '[pairs.tp]\ntarget = "t"\ndraft = "t"\n'
     (MODEL + PAIR + 'n_gpu_layers = "banana"\n', "[pairs.tp] n_gpu_layers = 'banana' should be a number of layers"),
     (MODEL + PAIR + "draft_n_gpu_layers = -2\n", "[pairs.tp] draft_n_gpu_layers = -2 should be a number of layers"),
     (MODEL + PAIR + "n_gpu_layers = true\n", "n_gpu_layers = True should be a number of layers"),
+    (MODEL + PAIR + "n_cpu_moe = -1\n", "[pairs.tp] n_cpu_moe = -1 should be a number of layers"),
 ])
 def test_values_of_the_wrong_type_name_the_file_key_and_type(tmp_path, text, needle):
     reg = tmp_path / "user.toml"
@@ -189,9 +190,11 @@ def test_a_registry_that_is_not_utf8_says_so(tmp_path):
 
 def test_good_values_still_load(tmp_path):
     reg = tmp_path / "user.toml"
-    reg.write_text(MODEL + 'sha256 = "' + "AB" * 32 + '"\nn_params = 1.5\n' + PAIR + 'n_gpu_layers = "all"\ndraft_n_gpu_layers = 0\n')
+    reg.write_text(MODEL + 'sha256 = "' + "AB" * 32 + '"\nn_params = 1.5\n' + PAIR + 'n_gpu_layers = "all"\ndraft_n_gpu_layers = 0\n'
+                   'n_cpu_moe = 3\n')
     r = load_registry(reg)
     assert r.model("t").sha256 == "ab" * 32 and r.pair("tp").n_gpu_layers == "all" and r.pair("tp").draft_n_gpu_layers == 0
+    assert r.pair("tp").n_cpu_moe == 3
 
 
 @pytest.mark.parametrize("kind, needle", [

@@ -10,6 +10,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ..errors import GGUFSpecError
+from ..models.offload import moe_text
 
 
 def table(rows: list[dict], columns: list[tuple[str, str]] | None = None, fmt: str = "simple") -> str:
@@ -258,11 +259,12 @@ def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:
 
 def tune_text(result, saved: Path | None = None) -> str:
     """`ggufspec tune`: every setting measured, then the best flags (and where they were saved)."""
-    rows = [{**r, "tok/s": f"{r['tokens_per_second']:.2f}", "min-max": f"{r['min']:.1f}-{r['max']:.1f}",
+    rows = [{**r, "tok/s": f"{r['tokens_per_second']:.2f}", "cpu_moe": None if r["cpu_moe"] is None else moe_text(r["cpu_moe"]), "min-max": f"{r['min']:.1f}-{r['max']:.1f}",
              "speed-up": _ratio(r["speedup"]), "alpha": _pct(r["alpha"]),
              "= target": "-" if r["identical"] is None else "yes" if r["identical"] else "no"} for r in result.rows]
     b = result.best
-    lines = [table(rows, [("ngl", "-ngl"), ("ngld", "-ngld"), ("mode", "mode"), ("draft_max", "draft-max"),
+    moe = [("cpu_moe", "--n-cpu-moe")] if any(r["cpu_moe"] is not None for r in result.rows) else []
+    lines = [table(rows, [("ngl", "-ngl"), *moe, ("ngld", "-ngld"), ("mode", "mode"), ("draft_max", "draft-max"),
                           ("tok/s", "tok/s"), ("min-max", "min-max"), ("speed-up", "speed-up"), ("alpha", "α"),
                           ("= target", "= target")]), ""]
     lines += [f"note: {n}" for n in result.notes]

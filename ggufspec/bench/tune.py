@@ -1,7 +1,8 @@
 """`ggufspec tune`: the fastest offload and drafting settings for a pair on this machine, measured.
 
 Plans GPU offload for the budget (as `ggufspec plan` does), then runs the benchmark's code on -ngl / -ngld
-values around the plan and each --draft-max (target-only, the draft model and auto, greedy, on the same
+values around the plan (for a mixture of experts whose layers all fit with some experts on the CPU, the
+expert split, --n-cpu-moe, around the plan's instead of -ngl) and each --draft-max (target-only, the draft model and auto, greedy, on the same
 prompts, interleaved), and picks the fastest. `save_best` writes it as the pair's defaults in the user's
 models.toml. With RPC servers the target's layers go there (their free memory is the budget) and the draft
 stays on this machine, as in `ggufspec generate --rpc`.
@@ -16,7 +17,7 @@ from ..engine import Engine
 from ..errors import GGUFSpecError
 from ..llama.backend import supports_gpu_offload
 from ..llama.rpc import budgets, devices_for
-from ..models.offload import detect_vram, plan, sizes_for, total_ram
+from ..models.offload import detect_vram, moe_text, plan, sizes_for, total_ram
 from ..models.registry import load_registry, save_pair_defaults
 from ..paths import user_registry
 from .prompts import Prompt
@@ -32,14 +33,14 @@ class TuneSettings:
     draft_max: tuple[int, ...] = (1, 2, 3, 4)
     max_tokens: int = 64
     repeats: int = 2  # interleaved repeats per setting (median reported)
-    step: int = 4  # -ngl values tried: plan - step, plan, plan + step
+    step: int = 4  # -ngl (or --n-cpu-moe) values tried: plan - step, plan, plan + step
     vram_bytes: int | None = None  # None: the free memory llama.cpp reports (the RPC servers' with rpc)
     rpc: str | None = None
 
 
 @dataclass
 class TuneResult:
-    rows: list[dict]  # one per (ngl, ngld, mode, draft_max)
+    rows: list[dict]  # one per (ngl, ngld, cpu_moe, mode, draft_max)
     best: dict
     pair: str | None  # the pair's name, where one was named (what save_best writes under)
     gpu: bool  # whether layers were placed on a GPU (else only the drafting settings were tuned)
@@ -48,8 +49,9 @@ class TuneResult:
     @property
     def flags(self) -> str:
         b = self.best
-        return (f"-ngl {b['ngl']} -ngld {b['ngld']} --mode {b['mode']}"
-                + (f" --draft-max {b['draft_max']}" if b["draft_max"] else ""))
+        return (f"-ngl {b['ngl']}" + (f" --n-cpu-moe {moe_text(b['cpu_moe'])}" if b["cpu_moe"] is not None else "")
+                + f" -ngld {b['ngld']} --mode {b['mode']}" + (f" --draft-max {b['draft_max']}" if b["draft_max"] else ""))
+
 
 
 def candidates(planned: int, n_layers: int, step: int) -> list[int]:
@@ -57,40 +59,68 @@ def candidates(planned: int, n_layers: int, step: int) -> list[int]:
     return sorted(v for v in {planned, planned - step, planned + step} if 0 <= v <= n_layers + 1)
 
 
-def placements(target: Path, draft: Path | None, s: TuneSettings) -> tuple[list[int], list[int], tuple, bool]:
-    """(-ngl values, -ngld values, (target devices, draft devices), whether a GPU takes layers)."""
+@dataclass
+class Grid:
+    """The settings tune measures: -ngl and -ngld values, the expert splits (None: a dense target, or no GPU)."""
+
+    ngls: list[int]
+    nglds: list[int]
+    moes: list[int | None]
+    devices: tuple
+    gpu: bool
+
+
+def placements(target: Path, draft: Path | None, s: TuneSettings) -> Grid:
     t_devices, d_devices = devices_for(s.rpc)
     free, d_vram = budgets(t_devices, d_devices) if s.rpc else ({}, None)
     vram = s.vram_bytes if s.vram_bytes is not None else sum(free.values()) if s.rpc else detect_vram()
     if not (supports_gpu_offload() and vram > 0):
-        return [0], [0], (t_devices, d_devices), False
+        return Grid([0], [0], [None], (t_devices, d_devices), False)
     t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None
     p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=s.n_ctx, draft_vram_bytes=d_vram)
-    ngls = candidates(p.target.n_gpu_layers, t_sizes.n_layers, s.step)
     nglds = sorted({p.draft.n_gpu_layers, d_sizes.n_layers + 1}) if d_sizes and d_vram != 0 else [0]
-    return ngls, nglds, (t_devices, d_devices), True
+    ngls, moes = candidates(p.target.n_gpu_layers, t_sizes.n_layers, s.step), [None]
+    if any(t_sizes.expert_bytes or ()):
+        if p.target.n_gpu_layers > t_sizes.n_layers and p.target.cpu_moe < t_sizes.n_layers:
+            # every layer fits with the experts of the first few on the CPU: the split is what to measure
+            ngls = [p.target.n_gpu_layers]
+            moes = sorted({min(max(p.target.cpu_moe + d, 0), t_sizes.n_layers) for d in (-s.step, 0, s.step)})
+        else:
+            moes = [p.target.cpu_moe or 0]
+    return Grid(ngls, nglds, moes, (t_devices, d_devices), True)
 
 
 def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSettings, *, pair: str | None = None,
             progress=None) -> TuneResult:
-    """Every placement around the plan, each with the benchmark's target, draft and auto rows. pair: the
-    pair's name, where one was named (what `save_best` writes under)."""
+    """Every placement around the plan, each with the benchmark's target, draft and auto rows; a placement
+    llama.cpp cannot load (out of memory) is left out with a note. pair: the pair's name, where one was
+    named (what `save_best` writes under)."""
     if draft is None:
         raise GGUFSpecError("tune needs a draft model: name a pair or give -md DRAFT")
-    ngls, nglds, (t_devices, d_devices), gpu = placements(target, draft, s)
+    grid = placements(target, draft, s)
+    t_devices, d_devices = grid.devices
     settings = BenchSettings(TUNE_MODES, s.draft_max, s.max_tokens, s.repeats, 1, True, {}).validate()
-    found = []
-    for ngl in ngls:
-        for ngld in nglds:
-            with Engine(target, draft, n_ctx=s.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld,
-                        devices=t_devices, draft_devices=d_devices) as engine:
-                runs = run(engine, prompts, settings, [], progress=progress)
-                found += [_row(ngl, ngld, row) for row in rows(runs, engine, settings)]
-    return _pick(found, gpu, pair)
+    found, notes = [], []
+    for ngl in grid.ngls:
+        for moe in grid.moes:
+            for ngld in grid.nglds:
+                try:
+                    with Engine(target, draft, n_ctx=s.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld,
+                                devices=t_devices, draft_devices=d_devices, cpu_moe=moe or 0) as engine:
+                        runs = run(engine, prompts, settings, [], progress=progress)
+                        found += [_row(ngl, ngld, moe, row) for row in rows(runs, engine, settings)]
+                except GGUFSpecError as e:
+                    notes.append(f"-ngl {ngl}" + (f" --n-cpu-moe {moe_text(moe)}" if moe is not None else "")
+                                 + f" -ngld {ngld} was left out: {e}")
+    if not found:
+        raise GGUFSpecError("no placement around the plan could be loaded: " + "; ".join(notes))
+    result = _pick(found, grid.gpu, pair)
+    result.notes[:0] = notes
+    return result
 
 
-def _row(ngl: int, ngld: int, row: dict) -> dict:
-    return {"ngl": ngl, "ngld": ngld, "mode": row["mode"], "draft_max": row["draft_max"],
+def _row(ngl: int, ngld: int, cpu_moe: int | None, row: dict) -> dict:
+    return {"ngl": ngl, "ngld": ngld, "cpu_moe": cpu_moe, "mode": row["mode"], "draft_max": row["draft_max"],
             "tokens_per_second": row["tokens_per_second"], "min": row["tokens_per_second_min"],
             "max": row["tokens_per_second_max"], "speedup": row["speedup"], "alpha": row["acceptance_rate"],
             "identical": row["identical_to_target"]}
@@ -102,7 +132,8 @@ def _pick(found: list[dict], gpu: bool, pair: str | None) -> TuneResult:
     if not gpu:
         notes.append("this llama.cpp build has no GPU (or no memory budget was found): layers stay on the CPU; "
                      "only the drafting settings were tuned")
-    plain = [r for r in found if r["mode"] == "target" and (r["ngl"], r["ngld"]) == (best["ngl"], best["ngld"])]
+    same = ("ngl", "ngld", "cpu_moe")
+    plain = [r for r in found if r["mode"] == "target" and all(r[k] == best[k] for k in same)]
     if plain and best["mode"] != "target" and best["min"] <= plain[0]["max"]:
         notes.append("the best setting's range overlaps plain decoding's: on this machine the difference is within "
                      "run-to-run noise (more --repeats or -n narrow it)")
@@ -115,6 +146,8 @@ def save_best(result: TuneResult, registry: str | Path | None = None) -> Path:
         raise GGUFSpecError("--write needs a pair name (not -m/-md paths) to save the setting under")
     best = result.best
     values = {"n_gpu_layers": best["ngl"], "draft_n_gpu_layers": best["ngld"], "mode": best["mode"]}
+    if best["cpu_moe"] is not None:
+        values["n_cpu_moe"] = "all" if best["cpu_moe"] < 0 else best["cpu_moe"]
     if best["draft_max"] and best["mode"] == "draft":
         values["draft_max"] = best["draft_max"]
     path = save_pair_defaults(Path(registry) if registry else user_registry(), result.pair, values)

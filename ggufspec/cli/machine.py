@@ -89,7 +89,9 @@ def plan_command(pair, target, draft, vram, ram, n_ctx, cpu_moe, kv_type, regist
 @click.option("--limit", type=int, default=1, show_default=True, help="Prompts per suite.")
 @click.option("-n", "--n-predict", "max_tokens", type=int, default=64, show_default=True, help="Tokens per prompt.")
 @click.option("--repeats", type=int, default=2, show_default=True, help="Interleaved repeats per setting (median reported).")
-@click.option("--step", type=int, default=4, show_default=True, help="-ngl values tried: the plan's, and this many either side.")
+@click.option("--step", type=int, default=4, show_default=True,
+              help="-ngl values tried (for a mixture of experts whose layers all fit, --n-cpu-moe values): the "
+                   "plan's, and this many either side.")
 @click.option("--write", is_flag=True, help="Save the best setting as the pair's defaults in your models.toml.")
 @registry_option
 @rpc_option
@@ -100,8 +102,9 @@ def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max
     """Measure offload and drafting settings around the plan, and pick the fastest here.
 
     Plans offload for the memory budget (as `ggufspec plan`), then benchmarks -ngl / -ngld around
-    the plan and each --draft-max (target alone, the draft model, auto), prints the table and the
-    best flags; --write saves them as the pair's defaults in your models.toml.
+    the plan (for a mixture of experts whose layers all fit on the GPU, the expert split
+    --n-cpu-moe instead of -ngl) and each --draft-max (target alone, the draft model, auto), prints
+    the table and the best flags; --write saves them as the pair's defaults in your models.toml.
 
     \b
     Examples:

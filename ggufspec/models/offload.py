@@ -328,5 +328,10 @@ def cpu_moe_value(value) -> int | None:
     return None if value in (None, "auto") else -1 if value == "all" else int(value)
 
 
+def moe_text(cpu_moe: int) -> str:
+    """An expert split as --n-cpu-moe reads it (-1: all)."""
+    return "all" if cpu_moe < 0 else str(cpu_moe)
+
+
 def _moe_layers(cpu_moe: int | None, m: ModelSizes) -> int:
     return m.n_layers if cpu_moe is not None and cpu_moe < 0 else cpu_moe or 0

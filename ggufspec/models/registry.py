@@ -83,6 +83,7 @@ class PairSpec:
     settings: dict = field(default_factory=dict, hash=False)  # generation defaults: draft_max, temperature, ...
     n_gpu_layers: int | str | None = None
     draft_n_gpu_layers: int | str | None = None
+    n_cpu_moe: int | str | None = None  # a mixture of experts: the first N layers' experts on the CPU ("all", "auto")
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,8 @@ def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
         raise GGUFSpecError(f"{where}: [pairs.{name}] {e}") from None
     section = f"pairs.{name}"
     return PairSpec(name, d["target"], d["draft"], _typed(d, "note", str, where, section, ""), settings,
-                    _layers(d, "n_gpu_layers", where, section), _layers(d, "draft_n_gpu_layers", where, section))
+                    _layers(d, "n_gpu_layers", where, section), _layers(d, "draft_n_gpu_layers", where, section),
+                    _layers(d, "n_cpu_moe", where, section))
 
 
 def user_registry_paths(explicit: str | os.PathLike | None = None) -> list[Path]:

@@ -102,6 +102,8 @@ def pair_defaults(spec: PairSpec) -> dict:
         out["n_gpu_layers"] = spec.n_gpu_layers
     if spec.draft_n_gpu_layers is not None:
         out["draft_n_gpu_layers"] = spec.draft_n_gpu_layers
+    if spec.n_cpu_moe is not None:
+        out["cpu_moe"] = spec.n_cpu_moe
     return out
 
 
@@ -126,8 +128,9 @@ def open_engine(o: LoadOptions):
             raise GGUFSpecError("a comma list of layer counts is a sweep: use it with `ggufspec bench`")
         return value if value is not None else defaults.get(key, "auto")
 
+    moe = o.cpu_moe if o.cpu_moe is not None else defaults.get("cpu_moe")  # the pair's (`tune --write`)
     ngl, ngld, cpu_moe = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx,
-                                        cpu_moe=cpu_moe_value(o.cpu_moe), **planned)
+                                        cpu_moe=cpu_moe_value(moe), **planned)
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
                     draft_devices=draft_devices, cpu_moe=cpu_moe)
