@@ -133,6 +133,29 @@ def test_a_target_on_a_server_has_its_sampling_noise_made_while_it_decodes(tiny,
     assert remote["tokens"] == generate_json(tiny, "--temp", "0.9", "-s", "5")["tokens"]
 
 
+def test_a_mixture_of_experts_on_a_server_with_its_experts_at_home(server, tmp_path):
+    """--n-cpu-moe with the target on a server: the experts stay in this machine's memory, the rest goes to the server,
+    and the text is the same as with everything local and everything on the server."""
+    from tiny import write_tiny_moe
+
+    moe = write_tiny_moe(tmp_path / "moe.gguf", seed=0)
+
+    def run(*extra):
+        r = ggufspec("generate", "-m", moe, "-md", moe, "-p", "hello world", "-n", 16, "--ignore-eos", "--mode", "draft",
+                     "--json", "-ngld", 0, *extra)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        where = out["placement"]["target"]
+        return out["tokens"], sum(v for k, v in where.items() if k.startswith("RPC")), \
+            sum(v for k, v in where.items() if not k.startswith("RPC"))
+
+    local = run()
+    remote, remote_all, home_all = run("--rpc", server, "-ngl", "all", "--n-cpu-moe", "0")
+    split, remote_split, home_split = run("--rpc", server, "-ngl", "all", "--n-cpu-moe", "all")
+    assert local[0] == remote == split
+    assert remote_split < remote_all and home_split > home_all  # the experts moved home
+
+
 def test_two_servers_share_the_target(tiny, two_servers):
     a, b = two_servers
     remote = generate_json(tiny, "--rpc", f"{a},{b}", "-ngl", "all")
