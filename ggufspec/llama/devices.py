@@ -85,11 +85,15 @@ def is_local_gpu(device: dict) -> bool:
 
 def share_elsewhere(buffers: dict[str, float]) -> float:
     """The share of these weights ({buffer: MiB}, as llama.cpp reported them) on a hardware GPU or an RPC server:
-    while those layers run, this machine's CPU waits (a software GPU's layers run on the CPU)."""
-    elsewhere = {d["name"] for d in devices() if d["type"] == "RPC" or (is_local_gpu(d) and not d["software"])}
+    while those layers run, this machine's CPU waits. Read from the buffers' names alone (CPU, CPU_Mapped,
+    CUDA_Host and the like are this machine's memory; a software Vulkan device runs on the CPU), so loading a
+    model asks ggml nothing more of its devices."""
+    def elsewhere(name: str) -> bool:
+        if name.startswith("CPU") or name.endswith("_Host"):
+            return False
+        return not (name.startswith("Vulkan") and software_vulkan())
     total = sum(buffers.values())
-    moved = sum(mib for name, mib in buffers.items() if name in elsewhere or name.startswith("RPC"))
-    return moved / total if total else 0.0
+    return sum(mib for name, mib in buffers.items() if elsewhere(name)) / total if total else 0.0
 
 
 def is_software(description: str) -> bool:
