@@ -129,12 +129,6 @@ def verify_greedy(draft_tokens, target_choice) -> tuple[int, int]:
     return k, int(target_choice[k])
 
 
-def near_ties(logits: np.ndarray, margin: float) -> np.ndarray:
-    """Per row: is some other token within `margin` of the top logit? One pass, no sort."""
-    top = logits.max(axis=-1, keepdims=True)
-    return np.count_nonzero(logits >= top - margin, axis=-1) > 1
-
-
 def top2_gap(logits: np.ndarray) -> float:
     """The logit gap between the best and second-best token of one row."""
     two = np.partition(np.asarray(logits, dtype=np.float64), -2)[-2:]
@@ -205,8 +199,8 @@ class PositionNoise:
         self._pending.clear()
 
     def _make(self, t: int, scratch: np.ndarray | None) -> np.ndarray:
-        u = np.random.default_rng([self.seed, int(t)]).random(out=scratch) if scratch is not None else \
-            np.random.default_rng([self.seed, int(t)]).random(self.n_vocab)
+        rng = np.random.default_rng([self.seed, int(t)])
+        u = rng.random(self.n_vocab) if scratch is None else rng.random(out=scratch)
         with np.errstate(divide="ignore"):
             np.log(u, out=u)
             np.negative(u, out=u)  # E
@@ -258,9 +252,6 @@ class Picker:
 
     def pick(self, row: np.ndarray, t: int) -> int:
         return int(np.argmax(self.scores(row, t)))
-
-    def picks(self, rows: np.ndarray, t0: int) -> list[int]:
-        return [self.pick(row, t0 + i) for i, row in enumerate(rows)]
 
     def judge(self, rows: np.ndarray, t0: int, margin: float | None = None) -> tuple[list[int], list[float | None]]:
         """Each row's pick, and (with a margin) the top-2 gap in logits of each row whose runner-up is within

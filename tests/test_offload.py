@@ -116,6 +116,14 @@ def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
     assert "offloaded 2/3 layers to GPU" in capfd.readouterr().err
 
 
+def test_tune_with_no_placement_that_loads_says_why_in_one_line(tiny):
+    """Every placement tune tries is refused at load (here: a draft whose vocabulary is not the target's): one line
+    naming the placement and llama.cpp's or ggufspec's reason, no traceback."""
+    line = one_line(run("tune", "-m", tiny["target"], "-md", tiny["other_vocab"], "-n", 4, "--repeats", 1,
+                        "--draft-max", "1"), "no placement around the plan could be loaded", "was left out:")
+    assert "cannot draft for" in line
+
+
 @pytest.mark.skipif(backend.supports_gpu_offload(), reason="a GPU is here: tests/test_gpu.py tunes on it")
 def test_tune_measures_around_the_plan_and_writes_the_pair_defaults(tiny, tmp_path, monkeypatch):
     import subprocess

@@ -259,7 +259,8 @@ def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:
 
 def tune_text(result, saved: Path | None = None) -> str:
     """`ggufspec tune`: every setting measured, then the best flags (and where they were saved)."""
-    rows = [{**r, "tok/s": f"{r['tokens_per_second']:.2f}", "cpu_moe": None if r["cpu_moe"] is None else moe_text(r["cpu_moe"]), "min-max": f"{r['min']:.1f}-{r['max']:.1f}",
+    rows = [{**r, "tok/s": f"{r['tokens_per_second']:.2f}", "min-max": f"{r['min']:.1f}-{r['max']:.1f}",
+             "cpu_moe": None if r["cpu_moe"] is None else moe_text(r["cpu_moe"]),
              "speed-up": _ratio(r["speedup"]), "alpha": _pct(r["alpha"]),
              "= target": "-" if r["identical"] is None else "yes" if r["identical"] else "no"} for r in result.rows]
     b = result.best

@@ -2,8 +2,8 @@
 
 Plans GPU offload for the budget (as `ggufspec plan` does), then runs the benchmark's code on -ngl / -ngld
 values around the plan (for a mixture of experts whose layers all fit with some experts on the CPU, the
-expert split, --n-cpu-moe, around the plan's instead of -ngl) and each --draft-max (target-only, the draft model and auto, greedy, on the same
-prompts, interleaved), and picks the fastest. `save_best` writes it as the pair's defaults in the user's
+expert split, --n-cpu-moe, around the plan's instead of -ngl) and each --draft-max (target-only, the draft
+model and auto, greedy, on the same prompts, interleaved), and picks the fastest. `save_best` writes it as the pair's defaults in the user's
 models.toml. With RPC servers the target's layers go there (their free memory is the budget) and the draft
 stays on this machine, as in `ggufspec generate --rpc`.
 """
@@ -49,9 +49,13 @@ class TuneResult:
     @property
     def flags(self) -> str:
         b = self.best
-        return (f"-ngl {b['ngl']}" + (f" --n-cpu-moe {moe_text(b['cpu_moe'])}" if b["cpu_moe"] is not None else "")
-                + f" -ngld {b['ngld']} --mode {b['mode']}" + (f" --draft-max {b['draft_max']}" if b["draft_max"] else ""))
+        return (f"{placement_flags(b['ngl'], b['cpu_moe'], b['ngld'])} --mode {b['mode']}"
+                + (f" --draft-max {b['draft_max']}" if b["draft_max"] else ""))
 
+
+def placement_flags(ngl: int, cpu_moe: int | None, ngld: int) -> str:
+    """One placement as llama.cpp's flags (cpu_moe None: a dense target, no expert split)."""
+    return f"-ngl {ngl}" + (f" --n-cpu-moe {moe_text(cpu_moe)}" if cpu_moe is not None else "") + f" -ngld {ngld}"
 
 
 def candidates(planned: int, n_layers: int, step: int) -> list[int]:
@@ -110,8 +114,7 @@ def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSett
                         runs = run(engine, prompts, settings, [], progress=progress)
                         found += [_row(ngl, ngld, moe, row) for row in rows(runs, engine, settings)]
                 except GGUFSpecError as e:
-                    notes.append(f"-ngl {ngl}" + (f" --n-cpu-moe {moe_text(moe)}" if moe is not None else "")
-                                 + f" -ngld {ngld} was left out: {e}")
+                    notes.append(f"{placement_flags(ngl, moe, ngld)} was left out: {e}")
     if not found:
         raise GGUFSpecError("no placement around the plan could be loaded: " + "; ".join(notes))
     result = _pick(found, grid.gpu, pair)
