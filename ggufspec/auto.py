@@ -24,7 +24,7 @@ import numpy as np
 
 from .core import Draft, Round
 from .costs import MARGIN, MAX_BATCH, Costs
-from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
+from .drafters import DRAFT_MAX, Drafter, HeadDrafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
 from .verification import Verification
@@ -77,13 +77,16 @@ class AutoDrafter(Drafter):
 
     def __init__(self, verification: Verification, costs: Costs, *, lookup: LookupDrafter,
                  model: ModelDrafter | None = None, model_max: int | None = None, lookup_max: int | None = None,
-                 draft_cost: float | None = None, model_p_min: float | None = None):
+                 draft_cost: float | None = None, model_p_min: float | None = None, head: HeadDrafter | None = None):
         self.verification = verification  # how rounds are verified (which batches, up to which cache length)
         self.costs = costs  # what decoding costs here (measured at load)
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
         self.model_p_min = model_p_min  # --draft-p-min; None: where another drafted token stops paying (p_min_for)
+        # the target's MTP head, where an always-right head would pay here (its step + catch-up per drafted token)
+        self.mtp = head if head is not None and self._pays(costs.mtp_token_seconds) else None
+        self.head_alpha = Estimate(0.7, 2.0)
         self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
@@ -94,12 +97,14 @@ class AutoDrafter(Drafter):
 
     def model_may_pay(self) -> bool:
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
-        if self.model is None or not self._draft_cost:
-            return False
+        return self.model is not None and self._pays(self._draft_cost)
+
+    def _pays(self, step: float | None) -> bool:
+        """Whether an always-right drafter at `step` seconds a drafted token would beat plain decoding here."""
         longest = min(self.model_max or MAX_BATCH, len(self.costs.target_batch_seconds) - 1)
-        if longest < 1:
+        if not step or longest < 1:
             return False
-        best, _ = self.costs.best_length(1.0, self._draft_cost, self.verification.batch_limit(), longest)
+        best, _ = self.costs.best_length(1.0, step, self.verification.batch_limit(), longest)
         return best > self.margin
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
@@ -147,6 +152,12 @@ class AutoDrafter(Drafter):
                 r = self.rate(a, n, 0.0, n_past)
                 if r > best[2]:
                     best = ("lookup", n, r)
+        if self.mtp is not None and self.mtp.head.ready(n_past):
+            a, step = self.head_alpha.value, self.costs.mtp_token_seconds
+            for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
+                r = self.rate(a, n, step, n_past)
+                if r > best[2]:
+                    best = ("mtp", n, r)
         if self.model is not None and self.draft_cost:
             a = self.model_alpha.value
             for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
@@ -156,6 +167,8 @@ class AutoDrafter(Drafter):
         source, n, _ = best
         if source == "lookup":
             return Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement)
+        if source == "mtp":
+            return self.mtp.propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
         if source == "draft":
             p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
             return self.model.propose(history, n, params, rng, noise=noise, p_min=p_min,
@@ -183,6 +196,8 @@ class AutoDrafter(Drafter):
         if r.n_drafted:
             if source == "lookup":
                 self.lookup_alpha[lookup_bucket(r.draft.agreement)].update(r.n_accepted, r.n_drafted)
+            elif source == "mtp":
+                self.head_alpha.update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
@@ -194,16 +209,21 @@ class AutoDrafter(Drafter):
 
 def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, model: ModelDrafter | None = None,
                  lookup: LookupDrafter | None = None, draft_max: int | None = None, lookup_max: int | None = None,
-                 p_min: float | None = None) -> tuple[Drafter | None, int]:
+                 p_min: float | None = None, head: HeadDrafter | None = None) -> tuple[Drafter | None, int]:
     """The one drafter factory (Engine and GGUFDraftModel): a fresh drafter for one generation and its
     round budget. draft: the draft model, draft_max tokens (DRAFT_MAX without one); lookup: with measured
     costs, the cost-aware planner over lookup alone (a copy is drafted as far as it pays, and not at all
     where it does not), without them lookup drafts of draft_max; auto: the planner over lookup and the
     draft model (up to draft_max, or as far as the measured batches reach). Lookup drafts run to
     lookup_max. target and draft-alone: no drafter. model, lookup: the drafters to use (a ModelDrafter of the
-    generation's own; a LookupDrafter whose index the caller keeps), else fresh ones."""
+    generation's own; a LookupDrafter whose index the caller keeps), else fresh ones. head: the target's MTP
+    head (mtp: it drafts draft_max tokens, DRAFT_MAX without one; auto weighs it beside the others)."""
     if mode in ("target", "draft-alone"):
         return None, 0
+    if mode == "mtp":
+        if head is None:
+            raise GGUFSpecError("mode 'mtp' needs a target with MTP (NextN) layers")
+        return head, draft_max or DRAFT_MAX
     if mode == "draft":
         if model is None:
             raise GGUFSpecError("mode 'draft' needs a draft model (-md DRAFT)")
@@ -216,5 +236,6 @@ def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, 
     model_max = draft_max or len(costs.target_batch_seconds) - 1
     lookup_max = lookup_max or model_max
     auto = AutoDrafter(verification, costs, lookup=lookup, model=model if mode == "auto" else None,
-                       model_max=model_max, lookup_max=lookup_max, model_p_min=p_min)
+                       model_max=model_max, lookup_max=lookup_max, model_p_min=p_min,
+                       head=head if mode == "auto" else None)
     return auto, max(model_max, lookup_max)

@@ -20,6 +20,7 @@ class Mode:
     help: str
     speculates: bool = False  # its text is the target's own (the guarantees hold)
     needs_draft_model: bool = False
+    needs_mtp: bool = False  # drafts with the target's own MTP (NextN) layers
     for_llama: bool = False  # a draft for llama-cpp-python's `Llama` can work this way (GGUFDraftModel)
 
 
@@ -32,13 +33,16 @@ MODE_TABLE = (
     Mode("draft", "the draft model proposes, the target verifies", speculates=True, needs_draft_model=True,
          for_llama=True),
     Mode("lookup", "n-grams of the prompt and output are copied, no second model", speculates=True, for_llama=True),
-    Mode("auto", "per round, whatever the measured costs say pays: no draft, lookup or the draft model",
+    Mode("mtp", "the target's own multi-token-prediction (MTP/NextN) layers propose, the target verifies",
+         speculates=True, needs_mtp=True),
+    Mode("auto", "per round, whatever the measured costs say pays: no draft, lookup, the MTP layers or the draft model",
          speculates=True, for_llama=True),
 )
 MODES = tuple(m.name for m in MODE_TABLE)
 DEFAULT_MODE = "auto"
 DRAFTING_MODES = tuple(m.name for m in MODE_TABLE if m.speculates)  # their text is the target's
 MODEL_MODES = tuple(m.name for m in MODE_TABLE if m.needs_draft_model)
+MTP_MODES = tuple(m.name for m in MODE_TABLE if m.needs_mtp)
 LLAMA_MODES = tuple(m.name for m in MODE_TABLE if m.for_llama)
 
 

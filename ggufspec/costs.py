@@ -69,6 +69,8 @@ class Costs:
     exact_kv: int | None = None  # ... while the KV cache holds at most this many tokens (None: every length checked)
     rollback: Rollback | None = None  # what a rewind costs where the target's memory cannot be cut
     experts: tuple[int, int] | None = None  # a mixture-of-experts target's (experts per token, experts per layer)
+    # the target's MTP head: seconds per drafted token (a step, and its context's catch-up on one verified row)
+    mtp_token_seconds: float | None = None
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
 
     def batch_seconds(self, n: int) -> float:
@@ -154,12 +156,15 @@ class Costs:
         steps = {"lookup": 0.0}
         if self.draft_token_seconds:
             steps["draft model"] = self.draft_token_seconds
+        if self.mtp_token_seconds:
+            steps["MTP head"] = self.mtp_token_seconds
         drafters = {}
         for name, step in steps.items():
             best, n = self.best_length(1.0, step, verify_batch, longest)
             drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, verify_batch, MARGIN, longest),
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
+                "mtp_token_seconds": self.mtp_token_seconds,
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
                 "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,
                 "verify_chunk": self.chunk(verify_batch) if verify_batch else None,

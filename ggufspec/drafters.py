@@ -110,32 +110,75 @@ class ModelDrafter(Drafter):
         pending = self._sync(history)
         logits = self.ctx.decode(pending, logits="last")[0][: self.n_shared]
         self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
-        picker = Picker(params, noise) if params.greedy or noise is not None else None
-        tokens: list[int] = []
-        qs: list[np.ndarray] | None = None if picker else []
-        while True:
-            t = len(history) + len(tokens)  # the position this token would take
-            q = None if picker is not None else probs_from_logits(logits, params)
-            unsure = p_min > 0.0 and self._confidence(logits, params, q) < p_min
-            if unsure and not (tokens and may_extend is not None and may_extend(len(tokens))):
-                break
-            if picker is not None:
-                x = picker.pick(logits, t)
-            else:
-                x = sample(q, rng)
-                qs.append(np.pad(q, (0, self.target_n_vocab - len(q))))  # q = 0 where the draft has no token
-            tokens.append(x)
-            if unsure or len(tokens) >= draft_max:
-                break
-            logits = self.ctx.decode([x], logits="last")[0][: self.n_shared]
+        tokens, qs = draft_tokens(logits, lambda x: self.ctx.decode([x], logits="last")[0][: self.n_shared],
+                                  len(history), draft_max, params, rng, noise=noise, p_min=p_min,
+                                  may_extend=may_extend, n_vocab=self.target_n_vocab)
         return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
 
-    @staticmethod
-    def _confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None = None) -> float:
-        """The draft's probability of its likeliest token (q: the shaped distribution, where already built)."""
-        if q is not None:
-            return float(q.max())
-        return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params).max())
+
+def draft_tokens(logits: np.ndarray, next_logits: Callable[[int], np.ndarray], n_history: int, draft_max: int,
+                 params: SamplingParams, rng: np.random.Generator, *, noise: PositionNoise | None, p_min: float,
+                 may_extend: Callable[[int], bool] | None, n_vocab: int) -> tuple[list[int], list[np.ndarray] | None]:
+    """A model's draft, token by token: from the logits of the first drafted position, pick (greedy or coupled:
+    as the target will, `Picker`) or sample a token, then `next_logits(token)` gives the next position's. Stops
+    at draft_max, or at the first token the drafter is less sure of than p_min, unless may_extend(k) says a
+    draft of k + 1 tokens verifies no dearer than one of k: then the unsure token goes too, and the draft stops
+    after it. Returns the tokens and, for sampled drafts, q of each (padded with 0 to the target's n_vocab)."""
+    picker = Picker(params, noise) if params.greedy or noise is not None else None
+    tokens: list[int] = []
+    qs: list[np.ndarray] | None = None if picker else []
+    while True:
+        t = n_history + len(tokens)  # the position this token would take
+        q = None if picker is not None else probs_from_logits(logits, params)
+        unsure = p_min > 0.0 and confidence(logits, params, q) < p_min
+        if unsure and not (tokens and may_extend is not None and may_extend(len(tokens))):
+            break
+        if picker is not None:
+            x = picker.pick(logits, t)
+        else:
+            x = sample(q, rng)
+            qs.append(np.pad(q, (0, n_vocab - len(q))))  # q = 0 where the draft has no token
+        tokens.append(x)
+        if unsure or len(tokens) >= draft_max:
+            break
+        logits = next_logits(x)
+    return tokens, qs
+
+
+def confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None = None) -> float:
+    """The drafter's probability of its likeliest token (q: the shaped distribution, where already built)."""
+    if q is not None:
+        return float(q.max())
+    return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params).max())
+
+
+class HeadDrafter(Drafter):
+    """Drafts with a head the target model ships (its MTP block: `llama.heads.MtpHead`), which follows the
+    target's memory by itself (told of every batch the target decodes, with the target's hidden states), so
+    a draft starts from the last token with nothing to catch up here. No head ready (not following, or the
+    context's end): no draft."""
+
+    name = "mtp"
+
+    def __init__(self, head, *, p_min: float = 0.0):
+        self.head = head
+        self.p_min = p_min
+
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
+                *, noise: PositionNoise | None = None, p_min: float | None = None,
+                may_extend: Callable[[int], bool] | None = None) -> Draft:
+        start = time.perf_counter()
+        n_past = len(history) - 1
+        draft_max = min(draft_max, self.head.n_ctx - len(history))
+        if draft_max <= 0 or not self.head.ready(n_past):
+            return Draft(tokens=[], source=self.name)
+        try:
+            tokens, qs = draft_tokens(self.head.begin(history[-1], n_past), self.head.step, len(history), draft_max,
+                                      params, rng, noise=noise, p_min=self.p_min if p_min is None else p_min,
+                                      may_extend=may_extend, n_vocab=self.head.n_vocab)
+        finally:
+            self.head.end()
+        return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
 
 
 class LookupDrafter(Drafter):

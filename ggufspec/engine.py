@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import copy
 import threading
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
 
 from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
+from .llama.heads import MtpHead, check_mtp
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose
 from .llama.compat import check_compatible
 from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
-from .drafters import ModelDrafter
+from .drafters import HeadDrafter, ModelDrafter
 from .errors import GGUFSpecError, check_count, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
 from .llama.measure import costs_for
@@ -43,26 +45,30 @@ class Engine(Closing):
     target's layers (-ngl counts them as for a GPU); devices / draft_devices: the device names
     each model may use (llama.cpp's -dev / -devd; [] or "none" for the CPU alone); cpu_moe: a mixture-of-experts
     target's layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe N; -1: every layer's, --cpu-moe).
+    mtp: load the target's MTP (NextN) layers, where its GGUF has them, for mode "mtp" and auto (default: True).
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
-                 remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0):
+                 remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0,
+                 mtp: bool = True):
         check_count(n_ctx, "-c/--ctx-size", 8)
         check_count(n_batch, "-b/--batch-size", 1)
         check_count(n_gpu_layers, "-ngl/--n-gpu-layers", -1)  # -1: every layer
         check_count(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft", -1)
         check_threads(n_threads)
         set_verbose(verbose)
-        self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = None
+        self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = self.mtp_head = None
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
         # spreads over them and the draft stays on this machine.
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
         try:
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
-                                      cpu_moe=cpu_moe)
+                                      cpu_moe=cpu_moe, mtp=bool(mtp))
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                       rollback=ROLLBACK_ROWS)
+            if self.target_model.mtp_loaded:
+                self.mtp_head = MtpHead(self.target_ctx)
             if draft is not None:
                 self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
                 check_compatible(self.target_model, self.draft_model)
@@ -72,7 +78,8 @@ class Engine(Closing):
             raise
         # Costs of a decode here and the largest bit-exact batch: measured once, then cached
         # (remeasure=True measures again, e.g. after the machine's load or clocks changed).
-        self.costs = costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure) if measure or remeasure else None
+        self.costs = (costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure, head=self.mtp_head)
+                      if measure or remeasure else None)
         if self.costs is not None:
             self.costs.experts = self.target_model.info.experts
         # The draft's drafter follows the draft context's cache from one generation to the next.
@@ -169,8 +176,16 @@ class Engine(Closing):
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:
             model.p_min = s.draft_p_min or 0.0
+        if s.mode == "mtp":
+            check_mtp(self.target_model)
+        head = HeadDrafter(self.mtp_head, p_min=s.draft_p_min or 0.0) if self.mtp_head is not None else None
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
-                                          lookup_max=s.lookup_max, p_min=s.draft_p_min)
+                                          lookup_max=s.lookup_max, p_min=s.draft_p_min, head=head)
+        if self.mtp_head is not None:
+            uses = s.mode == "mtp" or getattr(drafter, "mtp", None) is not None
+            self.mtp_head.activate(uses)  # the head follows the target only for generations that draft with it
+            if uses and not self.mtp_head.synced:  # it missed decodes: the prompt is evaluated anew, with it
+                s = replace(s, reuse_prompt=False)
         return Generation(s, prompt_tokens, self.target_model, self.target_ctx, drafter, verification, draft_max)
 
     def _before_round(self, generation: int) -> None:
@@ -227,7 +242,7 @@ class Engine(Closing):
                 turn.release()
 
     def _free(self) -> None:
-        for name in ("draft_ctx", "draft_model", "target_ctx", "target_model"):
+        for name in ("draft_ctx", "draft_model", "mtp_head", "target_ctx", "target_model"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()

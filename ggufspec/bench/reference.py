@@ -59,7 +59,7 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
     cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
            "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
            "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
-    if draft is not None and spec_type.startswith("draft"):
+    if draft is not None and spec_type == "draft-simple":  # draft-mtp drafts with the target's own layers
         cmd[3:3] = ["-md", str(draft)]
     out = subprocess.run(cmd, capture_output=True, env=_env(bin_dir), timeout=1800)
     text = (out.stdout + out.stderr).decode("utf-8", "replace")
@@ -143,6 +143,8 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     depths = depths or {group: 0 for group in groups}
     after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()))
     configs = [("draft-simple", k) for k in draft_max] if draft else []
+    if getattr(engine, "mtp_head", None) is not None:  # the target's MTP layers, as --mode mtp drafts with them
+        configs += [("draft-mtp", k) for k in draft_max]
     configs += [(t, None) for t in NGRAM_TYPES]
     rows = []
     for group, texts in groups.items():
@@ -164,7 +166,8 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
                 continue
             tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
             drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
-            label = f"draft model (draft-max {k})" if k else spec_type
+            label = (f"{'MTP layers' if spec_type == 'draft-mtp' else 'draft model'} (draft-max {k})" if k
+                     else spec_type)
             row = _row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps,
                        target_tps.get(group), accepted / drafted if drafted else None, group)
             same = [(label, same_text(mine, r["text"])) for (label, mine), r in zip(ours, runs)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from ..core import DRAFTING_MODES, MODEL_MODES, MODES, Stats
+from ..core import DRAFTING_MODES, MODEL_MODES, MODES, MTP_MODES, Stats
 from ..drafters import DRAFT_MAX
 from ..engine import Engine, GenerationSettings
 from ..errors import GGUFSpecError
@@ -87,15 +87,20 @@ class BenchSettings:
         return self
 
 
-def plan(settings: BenchSettings, has_draft: bool) -> list[Config]:
+def plan(settings: BenchSettings, has_draft: bool, has_mtp: bool = False) -> list[Config]:
     """The rows to run. Without --draft-max values, draft rows draft settings.draft_length tokens (the
-    pair's, or DRAFT_MAX) and auto's row drafts as far as the measured costs say pays."""
+    pair's, or DRAFT_MAX) and auto's row drafts as far as the measured costs say pays. Rows of modes the
+    models cannot run (a draft model's without one, mtp's without MTP layers) are left out of the default
+    modes, and one line where asked for by name."""
     unrunnable = [mode for mode in settings.modes if mode in MODEL_MODES] if not has_draft else []
     if unrunnable and tuple(settings.modes) != MODES:  # asked for by name: say so instead of leaving the rows out
         raise GGUFSpecError(f"--modes {','.join(unrunnable)} needs a draft model: give -md DRAFT or name a pair")
+    no_mtp = [mode for mode in settings.modes if mode in MTP_MODES] if not has_mtp else []
+    if no_mtp and tuple(settings.modes) != MODES:
+        raise GGUFSpecError(f"--modes {','.join(no_mtp)} needs a target with MTP (NextN) layers; this one has none")
     configs = []
     for mode in settings.modes:
-        if mode in MODEL_MODES and not has_draft:
+        if (mode in MODEL_MODES and not has_draft) or (mode in MTP_MODES and not has_mtp):
             continue
         if mode == "lookup":  # its drafts run to --lookup-max whatever --draft-max says: one row
             configs.append(Config(mode))
@@ -154,7 +159,7 @@ class Progress:
 def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: list[Run], progress=None) -> list[Run]:
     """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done);
     `progress(Progress)` after each (warm-up runs count in the total)."""
-    configs = plan(settings, engine.draft_model is not None)
+    configs = plan(settings, engine.draft_model is not None, engine.mtp_head is not None)
     tokenized = [(p, prompt_tokens(engine, p)) for p in prompts]
     proc = psutil.Process()
     total = len(configs) * (settings.warmup + settings.repeats * len(prompts))

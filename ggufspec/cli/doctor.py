@@ -31,7 +31,7 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
     cache = load_cache()
     damaged = bad_entries(cache)
     for key, entry in cache.items():
-        if key in damaged or key.endswith("|draft"):
+        if key in damaged or key.endswith(("|draft", "|mtp")):
             continue
         if key.endswith(f"machine {machine_id}"):
             if not is_current(key):

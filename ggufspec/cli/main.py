@@ -113,7 +113,7 @@ def generate(prompt, prompt_file, chat_message, stop, as_json, **options):
     load, settings, draft_max = split_options(options)
     if draft_max is not None:
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
-    engine, pair_defaults = open_engine(load)
+    engine, pair_defaults = open_engine(load, modes=(settings.get("mode", ""),))
     with engine:
         settings, _ = merge_pair_settings(pair_defaults.get("settings", {}), settings)
         if stop:

@@ -74,9 +74,10 @@ class Model(VocabFacts, Closing):
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, role: str = "model", repack: bool = True,
                  vocab_only: bool = False, avoid_amx: bool | None = None, devices: list[str] | None = None,
-                 cpu_moe: int = 0):
+                 cpu_moe: int = 0, mtp: bool = False):
         """cpu_moe: keep the expert tensors of the first N layers on the CPU (-1: of every layer), as
-        llama.cpp's --n-cpu-moe N / --cpu-moe; the rest of those layers goes where -ngl puts it."""
+        llama.cpp's --n-cpu-moe N / --cpu-moe; the rest of those layers goes where -ngl puts it.
+        mtp: load the model's MTP (NextN) layers too, where its GGUF has them (`heads.MtpHead` drafts with them)."""
         init()
         self.path = Path(path)
         self.role = role
@@ -87,7 +88,9 @@ class Model(VocabFacts, Closing):
         if n_gpu_layers != 0 and not supports_gpu_offload():
             warn_once("ggufspec: this llama.cpp build has no GPU support; all layers stay on the CPU")
         self.cpu_moe = int(cpu_moe) if self.info.experts else 0
+        self.mtp_loaded = bool(mtp and self.info.n_nextn and not vocab_only)
         params = self._params(n_gpu_layers, repack, vocab_only, devices)
+        params.load_mtp = self.mtp_loaded
         self.devices = devices
         described = descriptions() if devices else {}
         # What decides where layers run, for the cost cache: devices by name and what they are, experts kept on the CPU.
@@ -239,6 +242,7 @@ class Context(Closing):
         params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
         if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention (devices.software_vulkan)
             params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.flash_attn_type = params.flash_attn_type
         self._owned = True
         self._ctx, log = create_context(model._model, params)
         self.buffers = buffers(log)  # what llama.cpp allocated where: {"KV" | "compute" | ...: {buffer: MiB}}
@@ -258,6 +262,7 @@ class Context(Closing):
         self.n_vocab = self.model.n_vocab
         self._owned = False
         self._ctx = llama._ctx.ctx
+        self.flash_attn_type = llama.context_params.flash_attn_type
         self._setup(llama.n_ctx(), int(llama.context_params.n_threads))
         return self
 
@@ -276,6 +281,9 @@ class Context(Closing):
         self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
         self.tokens: list[int] = []
         self.canonical = 0
+        # What follows this context's memory (a model's MTP head, heads.MtpHead): told of every batch decoded
+        # (`process(start, tokens)`) and every cut (`cut(n_keep)`), as llama.cpp's drafters hear of them.
+        self.followers: list = []
         # A recurrent state (mamba, and the recurrent layers of a hybrid) cannot be cut like a KV cache:
         # such a context saves that state before each decode and rewinds by restoring it (see truncate).
         self.cuttable = not cannot_be_cut(getattr(self.model, "_model", None))
@@ -343,6 +351,8 @@ class Context(Closing):
             self._batch.n_tokens = m
             self.checkpoints.batch_start = self.n_past
             decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.n_ctx)
+            for follower in self.followers:
+                follower.process(self.n_past, self._token_buf[:m])
             if self.canonical == self.n_past and m == self.n_batch and self.n_past % self.n_batch == 0:
                 self.canonical += m
             self.tokens.extend(tokens[start:end].tolist())
@@ -370,17 +380,23 @@ class Context(Closing):
         rollback; a hybrid's attention part always); whether it did."""
         if not C.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
             return False
+        for follower in self.followers:
+            follower.cut(n_keep)
         del self.tokens[n_keep:]
         self.canonical = min(self.canonical, n_keep)
         return True
 
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)
+        for follower in self.followers:
+            follower.cut(0)
         self.tokens.clear()
         self.canonical = 0
         self.checkpoints.clear()
 
     def close(self) -> None:
+        for follower in list(getattr(self, "followers", ())):  # a follower's context refers to this one
+            follower.close()
         if getattr(self, "_batch_live", False):
             C.llama_batch_free(self._batch)
             self._batch_live = False

@@ -48,6 +48,12 @@ class GGUFInfo:
     tensors: tuple[TensorInfo, ...] = field(repr=False)
     n_expert: int = 0  # a mixture of experts: experts per layer (0: dense)
     n_expert_used: int = 0  # ... and experts per token
+    n_nextn: int = 0  # multi-token-prediction (MTP, "NextN") blocks after the trunk, with their tensors
+
+    @property
+    def n_trunk(self) -> int:
+        """The layers a plain decode runs (llama.cpp counts MTP blocks in block_count)."""
+        return self.n_layers - self.n_nextn
 
     @property
     def experts(self) -> tuple[int, int] | None:
@@ -70,6 +76,7 @@ class GGUFInfo:
             "quantization": self.file_type,
             "has_chat_template": self.has_chat_template,
             "n_tensors": len(self.tensors),
+            "mtp_layers": self.n_nextn,
         }
 
 
@@ -265,4 +272,14 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
         tensors=tuple(tensors),
         n_expert=arch_int("expert_count"),
         n_expert_used=arch_int("expert_used_count"),
+        n_nextn=_nextn_blocks(arch_int("block_count"), arch_int("nextn_predict_layers"), tensors),
     )
+
+
+def _nextn_blocks(n_layers: int, declared: int, tensors) -> int:
+    """MTP blocks a GGUF carries: declared by `nextn_predict_layers`, and present as llama.cpp checks them
+    (`blk.<block_count - 1>.nextn.eh_proj.weight`, common_speculative_types_from_gguf); 0 where either lacks."""
+    if declared <= 0 or n_layers <= 0:
+        return 0
+    names = {t.name for t in tensors}
+    return declared if f"blk.{n_layers - 1}.nextn.eh_proj.weight" in names else 0

@@ -264,11 +264,43 @@ def valid_draft_entry(entry) -> bool:
 
 def bad_entries(cache: dict) -> list[str]:
     """Keys of cached entries with the wrong shape (ignored and measured again)."""
-    return [k for k, v in cache.items() if not (valid_draft_entry(v) if k.endswith("|draft") else valid_target_entry(v))]
+    return [k for k, v in cache.items()
+            if not (valid_draft_entry(v) if k.endswith(("|draft", "|mtp")) else valid_target_entry(v))]
 
 
-def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False) -> Costs:
-    """The costs of this target (and draft), from the cache or measured now."""
+def measure_mtp_step(head, n: int = 4, repeats: int = 2) -> float:
+    """Seconds per token an MTP head drafts: a draft step, and its context's catch-up on one verified row
+    (the head decodes every row the target verifies), after a warm-up."""
+    target = head.target
+    tokens = _probe_tokens(target, 16 + n)
+    was = head.active
+    head.activate(True)
+    try:
+        target.clear()
+        target.decode(tokens[:16], logits="none")
+        base = target.n_past
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            logits = head.begin(tokens[15], base)
+            for x in tokens[16:16 + n - 1]:
+                logits = head.step(x)
+            head.end()
+            drafted = time.perf_counter() - start
+            caught = head.seconds["catch_up"]
+            target.decode(tokens[16:16 + n], logits="all")
+            catch_up = head.seconds["catch_up"] - caught
+            target.truncate(base)
+            best = min(best, (drafted + catch_up) / n)
+        del logits
+        return best
+    finally:
+        target.clear()
+        head.activate(was)
+
+
+def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False, head=None) -> Costs:
+    """The costs of this target (and draft, and the target's MTP head), from the cache or measured now."""
     cache, new = load_cache(), {}
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
@@ -285,7 +317,16 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             d = {"token_seconds": measure_draft_step(draft), "machine": machine()["summary"]}
             new[dkey] = d
         draft_seconds = d["token_seconds"]
+    mtp_seconds = None
+    if head is not None:
+        hkey = tkey + "|mtp"
+        d = None if refresh else cache.get(hkey)
+        if not valid_draft_entry(d):
+            d = {"token_seconds": measure_mtp_step(head), "machine": machine()["summary"]}
+            new[hkey] = d
+        mtp_seconds = d["token_seconds"]
     _update_cache(new)
     rollback = entry.get("rollback")
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
-                 Rollback(**{f.name: rollback[f.name] for f in fields(Rollback)}) if rollback else None)
+                 Rollback(**{f.name: rollback[f.name] for f in fields(Rollback)}) if rollback else None,
+                 mtp_token_seconds=mtp_seconds)

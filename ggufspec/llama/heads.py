@@ -1,0 +1,220 @@
+"""The drafting heads a model ships: its multi-token-prediction (MTP, "NextN") blocks, driven as llama.cpp's
+`common/speculative.cpp` (draft-mtp) drives them, through llama.cpp's staging API (`src/llama-ext.h`, bound
+by llama-cpp-python's `llama_cpp_ext`: not a stable API, pinned with the release).
+
+An `MtpHead` is the block on a llama.cpp context of its own (`LLAMA_CONTEXT_TYPE_MTP`, `ctx_other` = the
+target's) that *follows* a target `Context`: every batch the target decodes it decodes too, each token paired
+with the target's hidden state of the position before (the first position with zeros), and every rewind of
+the target it follows; so between rounds it holds what llama.cpp's draft-mtp holds. A draft runs the block
+forward from the last token (`begin`, then `step` per drafted token, each fed the block's own hidden state),
+and `end` forgets the drafted positions. Misuses abort the process inside llama.cpp (an MTP context on a model
+loaded without its MTP layers, a batch past n_batch), so each is checked here before the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+from ..errors import GGUFSpecError
+from .runtime import C, Closing, buffers, create_context, decode_failed
+
+# The target's hidden-state rows kept for rewinds: a rewind goes back at most into the last round's batches
+# (a verify batch, a near-tie's re-decode, a recurrent target's replay); prompt reuse cuts at whole batches,
+# whose last rows are kept besides.
+ROW_WINDOW = 160
+
+
+def ext():
+    """llama-cpp-python's bindings of llama.cpp's staging API (ImportError where this release lacks them)."""
+    from llama_cpp import llama_cpp_ext
+
+    return llama_cpp_ext
+
+
+def check_mtp_file(path) -> int:
+    """The MTP blocks a GGUF carries (read from its header), or one clear line saying it has none."""
+    from .gguf_info import read_info
+
+    return _mtp_blocks(path, read_info(path))
+
+
+def check_mtp(model) -> int:
+    """The MTP blocks of a loaded backend.Model, or one clear line why it has none to draft with."""
+    n = _mtp_blocks(model.path, model.info)
+    if not model.mtp_loaded:
+        raise GGUFSpecError(f"{model.path}: its MTP layers were not loaded (load it with mtp=True)")
+    return n
+
+
+def _mtp_blocks(path, info) -> int:
+    if not info.n_nextn:
+        raise GGUFSpecError(f"{path}: this model has no MTP (NextN) layers to draft with; "
+                            f"use --mode draft with a draft model (-md), lookup or auto")
+    return info.n_nextn
+
+
+class MtpHead(Closing):
+    """A target model's MTP block on its own context, following the target Context `target` (see the module)."""
+
+    name = "mtp"
+
+    def __init__(self, target, *, n_threads: int | None = None):
+        self.n_layers = check_mtp(target.model)
+        self.target = target
+        self.X = ext()
+        model = target.model
+        self.n_embd = int(C.llama_model_n_embd_out(model._model)) or int(C.llama_model_n_embd(model._model))
+        self.n_vocab = target.n_vocab
+        params = C.llama_context_default_params()
+        params.n_ctx = int(C.llama_n_ctx(target._ctx))
+        params.n_batch = params.n_ubatch = int(target.n_batch)
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = int(n_threads or target.n_threads)
+        params.no_perf = True
+        params.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx
+        params.n_rs_seq = 0
+        params.flash_attn_type = target.flash_attn_type
+        self._ctx, log = create_context(model._model, params)
+        if not self._ctx:
+            raise GGUFSpecError(f"{model.path}: llama.cpp could not create the MTP layers' context "
+                                f"(out of memory? try a smaller -c)")
+        self.buffers = buffers(log)
+        self.X.llama_set_embeddings_nextn(self._ctx, True, True)
+        self.n_batch = int(C.llama_n_batch(self._ctx))
+        self._mem = C.llama_get_memory(self._ctx)
+        self._batch = C.llama_batch_init(self.n_batch, self.n_embd, 1)
+        self._tokens = (C.llama_token * self.n_batch)()
+        self._batch.token = self._tokens  # llama_batch_init made room for embeddings only: the tokens are ours
+        self._batch_live = True
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._token_buf = np.ctypeslib.as_array(self._tokens, shape=(self.n_batch,))
+        self._pos_buf = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
+        self._embd_buf = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
+        self.n_past = 0  # positions this context holds: the target's, while in step
+        self.synced = True  # it holds exactly what the target holds (lost while inactive; back at a clear)
+        self.active = False
+        self._rows: dict[int, np.ndarray] = {}  # the target's hidden state by position (a window, see ROW_WINDOW)
+        self._zero = np.zeros(self.n_embd, dtype=np.float32)
+        self._h = self._zero  # the hidden state the next draft step pairs with
+        self._drafting = 0  # positions a draft under way has added
+        self.seconds = {"catch_up": 0.0, "draft": 0.0}  # time in this context's decodes, by kind
+        self.rows_fed = 0
+        target.followers.append(self)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    # -- following the target -------------------------------------------------------------------
+
+    def activate(self, on: bool) -> None:
+        """Follow the target's decodes (on) or not: the target outputs its hidden states only while followed."""
+        if on != self.active:
+            self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)  # unmasked: a row per batch token
+            self.active = on
+
+    def ready(self, n_past: int) -> bool:
+        """Whether a draft can start at position n_past (this context holds the target's n_past positions)."""
+        return self.active and self.synced and self.n_past == n_past and n_past > 0
+
+    def process(self, start: int, tokens: np.ndarray) -> None:
+        """The target decoded `tokens` at start..: decode them here, each with the previous position's state."""
+        if not self.active or not self.synced or start != self.n_past:
+            self.synced = False
+            return
+        m = len(tokens)
+        rows = np.ctypeslib.as_array(self.X.llama_get_embeddings_nextn(self.target._ctx), shape=(m, self.n_embd))
+        prev = self._row(start - 1)
+        if prev is None:
+            self.synced = False
+            return
+        self._embd_buf[0] = prev
+        self._embd_buf[1:m] = rows[: m - 1]
+        self._token_buf[:m] = tokens
+        self._pos_buf[:m] = np.arange(start, start + m, dtype=np.int32)
+        self._out_buf[:m] = 0
+        self._decode(m, "catch_up")
+        self.rows_fed += m
+        for k in range(m):
+            self._rows[start + k] = rows[k].copy()
+        self.n_past = start + m
+        low = self.n_past - ROW_WINDOW
+        for p in [p for p in self._rows if p < low and (p + 1) % self.n_batch]:
+            del self._rows[p]
+
+    def cut(self, n_keep: int) -> None:
+        """The target forgot its positions from n_keep on: so does this context."""
+        if n_keep == 0:
+            C.llama_memory_clear(self._mem, True)
+            self.n_past, self.synced = 0, True
+            self._rows.clear()
+            return
+        if n_keep < self.n_past:
+            C.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+            self.n_past = n_keep
+        if self._row(n_keep - 1) is None:
+            self.synced = False
+
+    def _row(self, position: int) -> np.ndarray | None:
+        return self._zero if position < 0 else self._rows.get(position)
+
+    # -- drafting ---------------------------------------------------------------------------------
+
+    def begin(self, token: int, position: int) -> np.ndarray:
+        """The first draft step: `token` (the last of the history, at `position` = the target's n_past) with the
+        target's state of the position before. Returns the logits of the next token (a view, valid until the
+        next step)."""
+        self._drafting = 0
+        self._h = self._row(position - 1)
+        return self.step(token)
+
+    def step(self, token: int) -> np.ndarray:
+        """The next draft step: `token` after the last one, with the block's own state from that step."""
+        if self.n_past + self._drafting >= self.target.n_ctx:
+            raise GGUFSpecError("the MTP context is full")
+        self._token_buf[0] = token
+        self._pos_buf[0] = self.n_past + self._drafting
+        self._out_buf[0] = 1
+        self._embd_buf[0] = self._h
+        self._decode(1, "draft")
+        self._drafting += 1
+        h = self.X.llama_get_embeddings_nextn_ith(self._ctx, 0)
+        self._h = np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
+        view = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, 0), shape=(1, self.n_vocab))
+        view.flags.writeable = False
+        return view[0]
+
+    def end(self) -> None:
+        """Forget the drafted positions (the verify batch decodes them here again, with the target's states)."""
+        if self._drafting:
+            C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+            self._drafting = 0
+
+    def _decode(self, m: int, kind: str) -> None:
+        self._batch.n_tokens = m
+        start = time.perf_counter()
+        decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.target.n_ctx)
+        self.seconds[kind] += time.perf_counter() - start
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if getattr(self, "_batch_live", False):
+            self._batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama_batch_free's
+            C.llama_batch_free(self._batch)
+            self._batch_live = False
+        target = getattr(self, "target", None)
+        if target is not None and self in target.followers:
+            target.followers.remove(self)
+            if target._ctx and self.active:
+                self.X.llama_set_embeddings_nextn(target._ctx, False, False)
+        if getattr(self, "_ctx", None):
+            C.llama_free(self._ctx)
+            self._ctx = None

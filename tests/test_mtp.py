@@ -1,0 +1,160 @@
+"""--mode mtp: drafting with the target's own MTP (NextN) layers (ggufspec/llama/heads.py, drafters.HeadDrafter).
+
+On tiny glm4moe models with one NextN block (tests/tiny_mtp.py): the guarantees in every mode (greedy and seeded
+text = target-only's), the head following the target's rewinds, one line for a model without MTP layers, and the
+accepted count equal to llama.cpp's own draft-mtp (llama-speculative-simple) on the same model, prompt and length.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clirun import one_line, run
+from ggufspec import Engine
+from ggufspec.drafters import HeadDrafter
+from ggufspec.errors import GGUFSpecError
+from ggufspec.sampling import SamplingParams
+from ggufspec.speculative import speculative_step
+from ggufspec.verification import Verification
+from tiny_mtp import write_tiny_glm4moe_mtp
+
+PROMPTS = ["def fib(n):", "The quick brown fox"]
+
+
+@pytest.fixture(scope="module")
+def mtp_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mtp")
+    return {"glm4moe": write_tiny_glm4moe_mtp(d / "glm4moe-mtp.gguf"),
+            "plain": write_tiny_glm4moe_mtp(d / "glm4moe-plain.gguf", nextn=False)}
+
+
+@pytest.fixture(scope="module")
+def engine(mtp_models):
+    with Engine(mtp_models["glm4moe"], n_ctx=512) as e:
+        yield e
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_text_is_the_targets_in_every_mode(engine, prompt):
+    target = engine.generate(prompt, max_tokens=40, mode="target")
+    for mode in ("mtp", "lookup", "auto"):
+        for draft_max in (1, 3, 6):
+            r = engine.generate(prompt, max_tokens=40, mode=mode, draft_max=draft_max)
+            assert r.tokens == target.tokens, (mode, draft_max)
+    mtp = engine.generate(prompt, max_tokens=40, mode="mtp", draft_max=3)
+    assert mtp.stats.rounds_by_source.get("mtp", 0) > 5 and 0 < mtp.stats.n_accepted <= mtp.stats.n_drafted
+
+
+@pytest.mark.parametrize("seed", [1, 7])
+def test_seeded_text_is_the_targets(engine, seed):
+    kw = dict(max_tokens=40, temperature=0.8, seed=seed)
+    target = engine.generate(PROMPTS[0], mode="target", **kw)
+    for mode in ("mtp", "auto"):
+        r = engine.generate(PROMPTS[0], mode=mode, draft_max=3, **kw)
+        assert r.tokens == target.tokens, mode
+    assert engine.generate(PROMPTS[0], mode="mtp", draft_max=3, **kw).stats.n_accepted > 0
+
+
+def test_unseeded_sampling_drafts_with_the_heads_q(engine):
+    r = engine.generate(PROMPTS[0], max_tokens=40, mode="mtp", draft_max=3, temperature=0.8)
+    assert r.stats.n_drafted > 0 and len(r.tokens) == 40
+
+
+def test_the_head_follows_the_target(engine):
+    """Every decode of the target is decoded in the MTP context; every cut follows; a head that missed decodes
+    (not following) drafts nothing until the target starts over."""
+    head, ctx = engine.mtp_head, engine.target_ctx
+    engine.generate(PROMPTS[0], max_tokens=20, mode="mtp", draft_max=3)
+    assert head.active and head.synced and head.n_past == ctx.n_past
+    engine.generate(PROMPTS[0], max_tokens=5, mode="target")  # plain decoding: the head rests
+    assert not head.active and not head.synced
+    assert not head.ready(ctx.n_past)
+    r = engine.generate(PROMPTS[0], max_tokens=20, mode="mtp", draft_max=3, reuse_prompt=True)
+    assert r.stats.n_reused == 0 and r.stats.n_drafted > 0  # evaluated anew, with the head following
+    assert head.synced and head.n_past == ctx.n_past
+    ctx.truncate(ctx.n_past - 3)
+    assert head.n_past == ctx.n_past and head.ready(ctx.n_past)
+
+
+def test_costs_measure_the_mtp_step(engine):
+    assert engine.costs.mtp_token_seconds > 0
+    assert "MTP head" in engine.cost_report()["drafters"]
+
+
+def test_a_model_without_mtp_layers_is_one_line(mtp_models):
+    with Engine(mtp_models["plain"], n_ctx=256, measure=False) as e:
+        assert e.mtp_head is None
+        with pytest.raises(GGUFSpecError, match="no MTP"):
+            e.generate("hi", max_tokens=4, mode="mtp")
+    result = run("generate", "-m", mtp_models["plain"], "-p", "hi", "-n", "4", "--mode", "mtp")
+    assert result.exit_code == 1
+    one_line(result, "no MTP (NextN) layers", "glm4moe-plain.gguf")
+
+
+def test_models_info_counts_mtp_layers(mtp_models):
+    from ggufspec.llama.gguf_info import read_info
+
+    assert read_info(mtp_models["glm4moe"]).n_nextn == 1
+    assert read_info(mtp_models["plain"]).n_nextn == 0
+
+
+def test_spec_type_draft_mtp_is_mode_mtp(mtp_models):
+    result = run("generate", "-m", mtp_models["glm4moe"], "-p", "def fib(n):", "-n", "16",
+                 "--spec-type", "draft-mtp", "--draft-max", "2", "-c", "256", "--json")
+    assert result.exit_code == 0, result.output
+    assert '"mode": "mtp"' in result.output
+
+
+# -- beside llama.cpp's own draft-mtp ------------------------------------------------------------------
+
+def speculative_simple_counts(engine, prompt: str, n_predict: int, draft_max: int) -> tuple[int, int, list[int]]:
+    """ggufspec's own round (speculative_step, HeadDrafter, the MTP head following the target) in llama.cpp's
+    speculative-simple order: the prompt but its last token decoded, then rounds from the last prompt token,
+    each verified in one batch (as llama.cpp does, near-ties not re-decoded), until more than n_predict tokens;
+    end-of-generation ignored (--ignore-eos). Returns (drafted, accepted, tokens)."""
+    ctx, head = engine.target_ctx, engine.mtp_head
+    head.activate(True)
+    ctx.clear()
+    prompt_tokens = engine.target_model.tokenize(prompt)
+    with ctx.no_rewind():
+        ctx.decode(prompt_tokens[:-1], logits="none")
+    drafter, params, rng = HeadDrafter(head), SamplingParams(), np.random.default_rng(0)
+    verification = Verification(exact=False, tie_margin=0.0)
+    history, n_out, drafted, accepted = list(prompt_tokens), 0, 0, 0
+    while n_out <= n_predict:
+        budget = max(0, min(draft_max, ctx.n_ctx - (len(history) - 1) - 2, n_predict - n_out - 1))
+        r = speculative_step(ctx, drafter, history, budget, params, rng, verification=verification)
+        drafted, accepted, n_out = drafted + r.n_drafted, accepted + r.n_accepted, n_out + len(r.tokens)
+        history += r.tokens
+    return drafted, accepted, history[len(prompt_tokens):]
+
+
+def reference_bin() -> Path:
+    import llama_cpp
+
+    folder = os.environ.get("LLAMA_CPP_REFERENCE_BIN") or (
+        Path.home() / ".cache" / "llama-cpp-reference" / llama_cpp.__version__ / "build" / "bin")
+    path = Path(folder) / "llama-speculative-simple"
+    if not os.access(path, os.X_OK):
+        message = f"{path} not found: build it with ../shared/tools/llama-cpp-reference"
+        if os.environ.get("GGUFSPEC_REQUIRE_LLAMA_CPP") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.mark.parametrize("draft_max", [1, 2, 3])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, mtp_models, prompt, draft_max):
+    from ggufspec.bench.reference import speculative_simple
+
+    program = reference_bin()
+    n = 48
+    theirs = speculative_simple(program.parent, mtp_models["glm4moe"], None, prompt, n, engine.target_ctx.n_threads,
+                                engine.n_ctx, draft_max, "draft-mtp")
+    drafted, accepted, _ = speculative_simple_counts(engine, prompt, n, draft_max)
+    assert theirs["n_drafted"] > 0 and theirs["n_accepted"] > 0
+    assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
