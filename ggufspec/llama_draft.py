@@ -22,7 +22,7 @@ import numpy as np
 
 from .llama.backend import Context, LlamaModel, Model
 from .llama.runtime import LlamaDraftModel
-from .core import LLAMA_MODES, Draft, Round
+from .core import LLAMA_MODES, MTP_MODES, Draft, Round
 from .auto import make_drafter
 from .drafters import LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError, check_count
@@ -52,6 +52,11 @@ class GGUFDraftModel(LlamaDraftModel):
         from .llama.compat import check_compatible
         from .models.resolve import load_registry, resolve_model
 
+        if mode in MTP_MODES:
+            raise GGUFSpecError(
+                f"mode {mode!r} cannot serve llama-cpp-python's Llama: it loads a model without its MTP layers and "
+                "hands a draft model no hidden states; use ggufspec's Engine (`ggufspec generate --mode mtp`), or "
+                "llama-cpp-python's example server (examples/server/server.py, its draft-mtp)")
         if mode not in LLAMA_MODES:
             raise GGUFSpecError(f"mode must be one of {', '.join(LLAMA_MODES)} (got {mode!r})")
         check_count(n_ctx, "n_ctx", 8)

@@ -158,3 +158,25 @@ def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, mtp_models, prompt, 
     drafted, accepted, _ = speculative_simple_counts(engine, prompt, n, draft_max)
     assert theirs["n_drafted"] > 0 and theirs["n_accepted"] > 0
     assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
+
+
+def test_gguf_draft_model_says_why_mtp_cannot_serve_a_llama():
+    from ggufspec import GGUFDraftModel
+
+    with pytest.raises(GGUFSpecError, match="cannot serve llama-cpp-python's Llama.*--mode mtp"):
+        GGUFDraftModel(None, mode="mtp")
+
+
+def test_models_info_and_check_say_how_many_mtp_layers(mtp_models):
+    info = run("models", "info", mtp_models["glm4moe"], "--json")
+    assert info.exit_code == 0 and '"mtp_layers": 1' in info.output
+    check = run("models", "check", mtp_models["glm4moe"], mtp_models["plain"])
+    assert check.exit_code == 0 and "carries 1 MTP layer of its own (--mode mtp)" in check.output
+
+
+def test_costs_and_doctor_show_the_mtp_step(mtp_models):
+    costs = run("costs", "-m", mtp_models["glm4moe"], "-c", "256")
+    assert costs.exit_code == 0, costs.output
+    assert "MTP step" in costs.output and "MTP head:" in costs.output
+    doctor = run("doctor")
+    assert doctor.exit_code == 0 and "MTP step" in doctor.output

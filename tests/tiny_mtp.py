@@ -7,8 +7,8 @@ runs it in a second context (ctx_type MTP) of the same model, loaded with `load_
 How the head is made to agree with the target: the output matrix maps each printable character's embedding to a
 successor (a fixed random permutation of the printable characters), and the trunk's blocks add `trunk_scale`
 of themselves to the residual, so the target's next token is mostly the successor of the current one (text of
-printable characters). The head's `eh_proj` passes the token embedding through ([I | 0]) and its own block is as
-weak, so it predicts the successor of the token it is given; the trunk's context-dependent part is what it misses.
+printable characters). The head's `eh_proj` passes the token embedding through ([I | 0]) and its own block adds
+little, so it predicts the successor of the token it is given; the trunk's context-dependent part is what it misses.
 A larger `trunk_scale` gives lower acceptance. head_agrees=False draws eh_proj at random: a head that rarely
 agrees. The MTP block's weights come from their own generator, so nextn=False writes the very same trunk.
 """

@@ -141,6 +141,8 @@ def _costs_line(meta: dict) -> str:
         line += f"; a batch of 4 costs {t[3] / t[0]:.2f} steps"
     if c["draft_token_seconds"]:
         line += f"; draft step {1000 * c['draft_token_seconds']:.1f} ms ({c['draft_token_seconds'] / t[0]:.2f} of a target step)"
+    if c.get("mtp_token_seconds"):
+        line += f"; {_mtp_step(c['mtp_token_seconds'], t[0])}"
     line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding{_up_to(c)}"
     if meta["exact_batch"] > 1 and c.get("exact_kv"):
         line += " (beyond: one batch, near-ties re-checked)"
@@ -201,6 +203,8 @@ def costs_text(out: dict) -> str:
              f"{Path(out['target']).name}, {out['threads']} threads: one target step {1000 * t1:.1f} ms"]
     if out["draft_token_seconds"]:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
+    if out.get("mtp_token_seconds"):
+        lines.append(_mtp_step(out["mtp_token_seconds"], t1))
     how = f"in exact chunks of {out.get('verify_chunk') or out['exact_batch']}" if out["exact"] else "in one batch"
     if out["exact"] and out.get("exact_kv"):
         how += f"{_up_to(out)}, in one batch beyond (no batch is exact there)"
@@ -306,9 +310,16 @@ def doctor_text(r: dict) -> str:
             lines.append(f"  {Path(c['model']).name} ({c['threads']} threads, -ngl {c['n_gpu_layers']}{where}): "
                          f"target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
                          f"{c['exact_batch']}{_up_to(c)}, ceiling {c['ceiling_speedup']:.2f}x")
+            if c.get("mtp_step_seconds"):
+                lines.append(f"    {_mtp_step(c['mtp_step_seconds'], c['target_step_seconds'])}")
             if c.get("why"):
                 lines.append(f"    why: {c['why']}")
     else:
         lines.append("measured costs on this machine: none yet (`ggufspec costs` measures them)")
     lines += [f"{p['severity']}: {p['problem']}\n  fix: {p['fix']}" for p in r["problems"]] or ["no known problems"]
     return "\n".join(lines)
+
+
+def _mtp_step(seconds: float, target_step: float) -> str:
+    return (f"MTP step {1000 * seconds:.2f} ms a drafted token, its context's catch-up included "
+            f"({seconds / target_step:.2f} of a target step)")

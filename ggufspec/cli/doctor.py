@@ -42,6 +42,7 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
                          "placement": parts[5] if len(parts) > 6 else "default", "target_step_seconds": c.target_token_seconds,
                          "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
                          "ceiling_speedup": c.ceiling(Verification.of(c).batch_limit())[0],
+                         "mtp_step_seconds": (cache.get(key + "|mtp") or {}).get("token_seconds"),
                          "why": c.why(_quant(parts[0]))})
         else:
             m = entry.get("machine")

@@ -222,4 +222,7 @@ def check_pair(target: str, draft: str, registry=None) -> str:
         check_compatible(t, d)
         for m in (t, d):  # a vocabulary that fits is not yet a model that loads: load each (mapped, not copied)
             Model(m.path, role=m.role, repack=False).close()
-        return f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)"
+        mtp = t.info.n_nextn
+        return (f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)"
+                + (f"; {t.path.name} also carries {mtp} MTP layer{'s' if mtp > 1 else ''} of its own (--mode mtp)"
+                   if mtp else ""))
