@@ -114,7 +114,9 @@ def speculative_simple_counts(engine, prompt: str, n_predict: int, draft_max: in
     """ggufspec's own round (speculative_step, HeadDrafter, the MTP head following the target) in llama.cpp's
     speculative-simple order: the prompt but its last token decoded, then rounds from the last prompt token,
     each verified in one batch (as llama.cpp does, near-ties not re-decoded), until more than n_predict tokens;
-    end-of-generation ignored (--ignore-eos). Returns (drafted, accepted, tokens)."""
+    end-of-generation ignored (--ignore-eos). Where no draft fits the budget llama.cpp drafts its whole n_max all
+    the same (common_speculative_draft truncates only to a budget above 0): so here. Returns (drafted, accepted,
+    tokens)."""
     ctx, head = engine.target_ctx, engine.mtp_head
     head.activate(True)
     ctx.clear()
@@ -125,7 +127,7 @@ def speculative_simple_counts(engine, prompt: str, n_predict: int, draft_max: in
     verification = Verification(exact=False, tie_margin=0.0)
     history, n_out, drafted, accepted = list(prompt_tokens), 0, 0, 0
     while n_out <= n_predict:
-        budget = max(0, min(draft_max, ctx.n_ctx - (len(history) - 1) - 2, n_predict - n_out - 1))
+        budget = max(0, min(draft_max, ctx.n_ctx - (len(history) - 1) - 2, n_predict - n_out - 1)) or draft_max
         r = speculative_step(ctx, drafter, history, budget, params, rng, verification=verification)
         drafted, accepted, n_out = drafted + r.n_drafted, accepted + r.n_accepted, n_out + len(r.tokens)
         history += r.tokens
@@ -146,7 +148,7 @@ def reference_bin() -> Path:
     return path
 
 
-@pytest.mark.parametrize("draft_max", [1, 2, 3])
+@pytest.mark.parametrize("draft_max", [1, 2, 3, 4])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, mtp_models, prompt, draft_max):
     from ggufspec.bench.reference import speculative_simple
@@ -156,7 +158,7 @@ def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, mtp_models, prompt, 
     theirs = speculative_simple(program.parent, mtp_models["glm4moe"], None, prompt, n, engine.target_ctx.n_threads,
                                 engine.n_ctx, draft_max, "draft-mtp")
     drafted, accepted, _ = speculative_simple_counts(engine, prompt, n, draft_max)
-    assert theirs["n_drafted"] > 0 and theirs["n_accepted"] > 0
+    assert 0 < theirs["n_accepted"] < theirs["n_drafted"]  # some drafts rejected: the rewinds are compared too
     assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
 
 
