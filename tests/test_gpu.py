@@ -93,6 +93,24 @@ def test_greedy_and_seeded_identity_on_each_placement(gpu, tiny, ngl, ngld):
         assert drafted > 0
 
 
+@pytest.mark.parametrize("ngl", [-1, 2])
+def test_mtp_greedy_and_seeded_identity_on_the_device(gpu, tmp_path_factory, ngl):
+    """The target's MTP layers with the trunk on the device (all of it, and a split): the head's context follows
+    the target there, and its drafts keep the target's greedy and seeded text."""
+    from tiny_mtp import write_tiny_glm4moe_mtp
+
+    path = write_tiny_glm4moe_mtp(tmp_path_factory.mktemp("mtp-gpu") / "mtp.gguf")
+    with Engine(path, n_ctx=512, n_gpu_layers=ngl) as e:
+        assert on_device(e.weights()["target"], gpu) > 0
+        for prompt in ("def fib(n):", "The quick brown fox"):
+            greedy = e.generate(prompt, max_tokens=32, mode="target", ignore_eos=True).tokens
+            seeded = e.generate(prompt, max_tokens=32, mode="target", seed=3, temperature=0.8, ignore_eos=True).tokens
+            out = e.generate(prompt, max_tokens=32, mode="mtp", draft_max=3, ignore_eos=True)
+            assert out.tokens == greedy and out.stats.n_accepted > 0, prompt
+            assert e.generate(prompt, max_tokens=32, mode="mtp", draft_max=3, seed=3, temperature=0.8,
+                              ignore_eos=True).tokens == seeded, prompt
+
+
 def test_costs_are_measured_on_the_devices_kernels(gpu, tiny):
     with Engine(tiny["target"], tiny["close"], n_ctx=512, n_gpu_layers=-1, draft_n_gpu_layers=0) as e:
         report = e.cost_report()

@@ -1,8 +1,10 @@
 """--mode mtp: drafting with the target's own MTP (NextN) layers (ggufspec/llama/heads.py, drafters.HeadDrafter).
 
-On tiny glm4moe models with one NextN block (tests/tiny_mtp.py): the guarantees in every mode (greedy and seeded
-text = target-only's), the head following the target's rewinds, one line for a model without MTP layers, and the
-accepted count equal to llama.cpp's own draft-mtp (llama-speculative-simple) on the same model, prompt and length.
+On tiny models with one NextN block (tests/tiny_mtp.py), an attention-only mixture of experts (glm4moe) and a
+hybrid of recurrent and attention layers (qwen35, whose rewinds go through llama.cpp's rollback or checkpoints):
+the guarantees in every mode (greedy and seeded text = target-only's), the head following the target's rewinds,
+one line for a model without MTP layers, and the drafted and accepted counts equal to llama.cpp's own draft-mtp
+(llama-speculative-simple) on the same model, prompt and length.
 """
 
 import os
@@ -19,21 +21,23 @@ from ggufspec.errors import GGUFSpecError
 from ggufspec.sampling import SamplingParams
 from ggufspec.speculative import speculative_step
 from ggufspec.verification import Verification
-from tiny_mtp import write_tiny_glm4moe_mtp
+from tiny_mtp import write_tiny_glm4moe_mtp, write_tiny_qwen35_mtp
 
 PROMPTS = ["def fib(n):", "The quick brown fox"]
+SHAPES = ["glm4moe", "qwen35"]
 
 
 @pytest.fixture(scope="module")
 def mtp_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("mtp")
     return {"glm4moe": write_tiny_glm4moe_mtp(d / "glm4moe-mtp.gguf"),
+            "qwen35": write_tiny_qwen35_mtp(d / "qwen35-mtp.gguf"),
             "plain": write_tiny_glm4moe_mtp(d / "glm4moe-plain.gguf", nextn=False)}
 
 
-@pytest.fixture(scope="module")
-def engine(mtp_models):
-    with Engine(mtp_models["glm4moe"], n_ctx=512) as e:
+@pytest.fixture(scope="module", params=SHAPES)
+def engine(request, mtp_models):
+    with Engine(mtp_models[request.param], n_ctx=512) as e:
         yield e
 
 
@@ -41,7 +45,7 @@ def engine(mtp_models):
 def test_greedy_text_is_the_targets_in_every_mode(engine, prompt):
     target = engine.generate(prompt, max_tokens=40, mode="target")
     for mode in ("mtp", "lookup", "auto"):
-        for draft_max in (1, 3, 6):
+        for draft_max in (1, 3, 6, 10):  # qwen35: up to 8 drafts rewind by llama.cpp's rollback, 10 by checkpoints
             r = engine.generate(prompt, max_tokens=40, mode=mode, draft_max=draft_max)
             assert r.tokens == target.tokens, (mode, draft_max)
     mtp = engine.generate(prompt, max_tokens=40, mode="mtp", draft_max=3)
@@ -150,13 +154,13 @@ def reference_bin() -> Path:
 
 @pytest.mark.parametrize("draft_max", [1, 2, 3, 4])
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, mtp_models, prompt, draft_max):
+def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, prompt, draft_max):
     from ggufspec.bench.reference import speculative_simple
 
     program = reference_bin()
     n = 48
-    theirs = speculative_simple(program.parent, mtp_models["glm4moe"], None, prompt, n, engine.target_ctx.n_threads,
-                                engine.n_ctx, draft_max, "draft-mtp")
+    theirs = speculative_simple(program.parent, engine.target_model.path, None, prompt, n,
+                                engine.target_ctx.n_threads, engine.n_ctx, draft_max, "draft-mtp")
     drafted, accepted, _ = speculative_simple_counts(engine, prompt, n, draft_max)
     assert 0 < theirs["n_accepted"] < theirs["n_drafted"]  # some drafts rejected: the rewinds are compared too
     assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])

@@ -25,15 +25,20 @@ from tiny import _begin, _weights, _write
 def write_tiny_glm4moe_mtp(path, *, seed: int = 0, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                            n_ff: int = 128, n_expert: int = 4, n_expert_used: int = 2, n_ff_exp: int = 32,
                            trunk_scale: float = 2.0, head_agrees: bool = True, logit_scale: float = 4.0,
-                           nextn: bool = True) -> Path:
+                           nextn: bool = True, part: str = "all") -> Path:
     """A tiny glm4moe: block 0 dense, block 1 MoE (routed experts + one shared expert), and block 2 the NextN
     (MTP) block, itself an MoE block with `nextn.{eh_proj,enorm,hnorm,shared_head_norm}`. It has no
     `nextn.embed_tokens`/`nextn.shared_head_head`: llama.cpp then uses token_embd and output. nextn=False
-    writes the same trunk without the MTP block (block_count 2, no nextn_predict_layers)."""
+    writes the same trunk without the MTP block (block_count 2, no nextn_predict_layers). part="trunk" / "mtp"
+    splits the model as llama.cpp's converter does for a separate MTP file (`mtp-*.gguf`, given as the draft):
+    "trunk" has the header (with nextn_predict_layers) and every tensor but block 2's, "mtp" the same header
+    and only block 2, token_embd, output_norm and output."""
     arch, n_trunk = "glm4moe", 2
     n_layer = n_trunk + (1 if nextn else 0)
     head_dim = n_embd // n_head
     writer, w, n_vocab = _begin(path, arch, n_layer, n_embd, seed, 0.0, 1234)
+    if part != "all":
+        writer = _Part(writer, part, f"blk.{n_trunk}.")
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
@@ -75,6 +80,23 @@ def write_tiny_glm4moe_mtp(path, *, seed: int = 0, n_embd: int = 64, n_head: int
     writer.add_tensor("output_norm.weight", ones)
     return _write(writer, Path(path))
 
+
+class _Part:
+    """A writer that keeps only the tensors of one part: "trunk" (all but the MTP block's) or "mtp" (the MTP
+    block's and the shared token_embd, output_norm, output that an MTP-only file must carry)."""
+
+    def __init__(self, writer, part: str, mtp_prefix: str):
+        if part not in ("trunk", "mtp"):
+            raise ValueError(part)
+        self.writer, self.part, self.mtp_prefix = writer, part, mtp_prefix
+
+    def add_tensor(self, name: str, tensor) -> None:
+        shared = name in ("token_embd.weight", "output_norm.weight", "output.weight")
+        if (self.part == "trunk") != name.startswith(self.mtp_prefix) or (self.part == "mtp" and shared):
+            self.writer.add_tensor(name, tensor)
+
+    def __getattr__(self, name):
+        return getattr(self.writer, name)
 
 
 def _attention(writer, w, i: int, n_embd: int, n_kv: int, out_scale: float = 1.0) -> None:

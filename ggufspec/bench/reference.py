@@ -51,6 +51,11 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths:
             for d in depths}
 
 
+# llama.cpp's programs log through a thread of their own and may exit before it wrote the last lines (its
+# common/log.cpp says so): a run whose counts are missing is run again, up to this many times in all.
+LOST_LOG_TRIES = 4
+
+
 def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_text: str, n_tokens: int, threads: int,
                        n_ctx: int, draft_max: int, spec_type: str = "draft-simple") -> dict:
     """One greedy run of llama-speculative-simple; its own timing of the generation phase. The prompt is
@@ -61,9 +66,12 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
            "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
     if draft is not None and spec_type == "draft-simple":  # draft-mtp drafts with the target's own layers
         cmd[3:3] = ["-md", str(draft)]
-    out = subprocess.run(cmd, capture_output=True, env=_env(bin_dir), timeout=1800)
-    text = (out.stdout + out.stderr).decode("utf-8", "replace")
-    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    for _ in range(LOST_LOG_TRIES):  # llama.cpp's log thread can lose the last lines at exit: run again then
+        out = subprocess.run(cmd, capture_output=True, env=_env(bin_dir), timeout=1800)
+        text = (out.stdout + out.stderr).decode("utf-8", "replace")
+        m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+        if out.returncode != 0 or (m and re.search(r"n_accept\s*=", text)):
+            break
     if out.returncode < 0:  # killed by a signal: its last line says nothing of why
         raise ProgramDied(f"llama-speculative-simple ({spec_type}) died of {_signal_name(-out.returncode)}")
     if out.returncode != 0 or not m:
