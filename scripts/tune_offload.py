@@ -12,7 +12,7 @@ import sys
 
 from ggufspec.bench.prompts import load_prompts
 from ggufspec.bench.report import tune_text
-from ggufspec.bench.tune import TuneSettings, measure, save_best
+from ggufspec.bench.tune import TuneSettings, check_save, measure, save_best
 from ggufspec.errors import GGUFSpecError
 from ggufspec.models.offload import parse_size
 from ggufspec.models.resolve import resolve_models
@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         target, draft, defaults = resolve_models(a.pair, None, None, use_default=True)
+        if a.write:  # before measuring: a result the registry cannot take would be lost
+            check_save(defaults.get("name"))
         settings = TuneSettings(draft_max=tuple(int(x) for x in a.draft_max.split(",")),
                                 vram_bytes=parse_size(a.vram) if a.vram else None)
         result = measure(target, draft, load_prompts(None, "code", 1), settings, pair=defaults.get("name"))

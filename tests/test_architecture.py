@@ -77,7 +77,7 @@ def test_every_import_points_down_the_layers():
 
 @pytest.mark.parametrize("dependency, owners", [
     ("llama_cpp", "llama."), ("gguf", "llama.gguf_info"), ("huggingface_hub", "models.hub"),
-    ("tabulate", "bench.report"), ("click", "cli."),
+    ("tabulate", "bench.report"), ("click", "cli."), ("tomlkit", "models.registry"),
 ])
 def test_each_heavy_dependency_is_imported_in_one_place(dependency, owners):
     users = {name for name, path in modules()

@@ -2,8 +2,15 @@
 
 import numpy as np
 
-from clirun import one_line, run
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clirun import TIMEOUT, one_line, run, stderr_lines
 
 import pytest
 from click.testing import CliRunner
@@ -141,12 +148,13 @@ def test_tune_measures_around_the_plan_and_writes_the_pair_defaults(tiny, tmp_pa
                    '[pairs.td]\ntarget = "t"\ndraft = "d"\n')
     out = run("tune", "td", "--registry", reg, "-n", 8, "--repeats", 1, "--draft-max", "1,2", "--write")
     assert out.exit_code == 0, out.output
-    assert "best: -ngl 0 -ngld 0" in out.stdout and "saved as the defaults of pair td" in out.stdout
-    assert "only the drafting settings were tuned" in out.stdout  # no GPU here: it says so
+    assert "best: --mode " in out.stdout and "saved as the defaults of pair td" in out.stdout
+    assert "only the drafting settings were tuned" in out.stdout  # no GPU here: it says so, and saves no placement
     rows = [line for line in out.stdout.splitlines() if line.startswith("0 ")]
     assert [line.split()[2] for line in rows] == ["target", "draft", "draft", "auto", "auto"]
     pair = load_registry(reg).pair("td")
-    assert pair.n_gpu_layers == 0 and pair.settings["mode"] in ("target", "auto", "draft")
+    assert pair.n_gpu_layers is None and pair.draft_n_gpu_layers is None
+    assert pair.settings["mode"] in ("target", "auto", "draft")
     assert pair.target == "t"  # the rest of the file survived
     # --write may also create the user's file: the pair then comes from the registry given by env
     new = tmp_path / "new" / "models.toml"
@@ -158,7 +166,102 @@ def test_tune_measures_around_the_plan_and_writes_the_pair_defaults(tiny, tmp_pa
     script = Path(__file__).parent.parent / "scripts" / "tune_offload.py"
     done = subprocess.run([sys.executable, str(script), "td", "--draft-max", "1"], capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode == 0 and "best: -ngl 0 -ngld 0" in done.stdout, done.stderr
+    assert done.returncode == 0 and "best: --mode " in done.stdout, done.stderr
+
+
+def _tiny_pair_registry(tiny, tmp_path) -> Path:
+    """A user's registry naming the tiny target and draft as pair td (files in the test's models directory)."""
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    (models / "t.gguf").write_bytes(Path(tiny["target"]).read_bytes())
+    (models / "d.gguf").write_bytes(Path(tiny["close"]).read_bytes())
+    reg = tmp_path / "mine.toml"
+    reg.write_text('# my pairs\n[models.t]\nrepo = "x/t"\nfile = "t.gguf"\n[models.d]\nrepo = "x/d"\nfile = "d.gguf"\n\n'
+                   '[pairs.td]  # the tiny pair\ntarget = "t"\ndraft = "d"\n')
+    return reg
+
+
+def test_tune_write_that_could_not_save_says_so_before_measuring(tiny, tmp_path, monkeypatch):
+    """Before: everything was measured, then `--write needs a pair name` (or a traceback) threw it away."""
+    from ggufspec.bench import tune
+
+    monkeypatch.setattr(tune, "Engine", lambda *a, **kw: pytest.fail("tune measured before it checked --write"))
+    one_line(run("tune", "-m", tiny["target"], "-md", tiny["close"], "--write"), "--write needs a pair name")
+    reg = _tiny_pair_registry(tiny, tmp_path)
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("GGUFSPEC_REGISTRY", str(reg))
+    one_line(run("tune", "td", "--registry", tmp_path / "file" / "models.toml", "--write"),
+             "file/models.toml: cannot write the registry", "is a file, not a folder")
+
+
+def test_tune_with_a_context_too_small_for_its_prompts_says_so(tiny):
+    """Before: "no placement around the plan could be loaded", as if the placement were the problem."""
+    one_line(run("tune", "-m", tiny["target"], "-md", tiny["close"], "-c", 100, "--repeats", 1),
+             "-c 100 is too small for tune: prompt code-0 is", "give -c ")
+
+
+def _tune_process(args, runs_done: int):
+    """`ggufspec tune` as a process, its progress line shown; returns it (and its stderr so far) once it has done
+    `runs_done` runs (the first 3 are warm-up: not rows)."""
+    proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "tune", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
+    seen, deadline, mark = b"", time.monotonic() + TIMEOUT, f"bench {runs_done}/".encode()
+    while mark not in seen and time.monotonic() < deadline:
+        chunk = os.read(proc.stderr.fileno(), 256)
+        if not chunk:
+            break
+        seen += chunk
+    assert mark in seen, seen.decode()
+    return proc, seen
+
+
+@pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")])
+def test_tune_stopped_prints_the_finished_rows_and_saves_nothing(tiny, tmp_path, signum, said):
+    """Before: Ctrl-C kept nothing, and SIGTERM ended it (143) without a word."""
+    reg = _tiny_pair_registry(tiny, tmp_path)
+    before = reg.read_text()
+    proc, seen = _tune_process(["td", "--registry", reg, "-n", 8, "--draft-max", 1, "--repeats", 5000, "--write"], 7)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    err = (seen + err).decode()
+    assert proc.returncode == 128 + signum, err
+    assert f"{said}: showing the finished rows, nothing saved" in err and "Traceback" not in err
+    assert "target" in out.decode() and "best of the finished rows: --mode " in out.decode()
+    assert reg.read_text() == before
+
+
+def test_tune_write_to_a_pair_renamed_meanwhile_prints_the_table_then_one_error(tiny, tmp_path):
+    """The user renames the pair while tune measures: before, the file was replaced by a stub [pairs.td] lacking
+    `target`, and every later command failed on it. Now the table, one Error line, the user's file as they left it."""
+    reg = _tiny_pair_registry(tiny, tmp_path)
+    proc, seen = _tune_process(["td", "--registry", reg, "-n", 8, "--draft-max", 1, "--repeats", 30, "--write"], 3)
+    renamed = reg.read_text().replace("[pairs.td]", "[pairs.tiny]")
+    reg.write_text(renamed)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    lines = stderr_lines((seen + err).decode().split("\r")[-1])
+    assert proc.returncode == 1 and "best: --mode " in out.decode(), err
+    assert lines == [f"Error: {reg}: the setting for pair 'td' was not saved: there is no pair 'td' in it or the "
+                     "registries under it any more (renamed or removed?)"]
+    assert reg.read_text() == renamed and sorted(p.name for p in tmp_path.glob("*.tmp")) == []
+
+
+def test_tune_saves_exactly_the_best_it_reports():
+    """Before: a CPU-only build saved n_gpu_layers = 0 (pinning a shared registry to the CPU), and a best of
+    `--mode auto --draft-max 2` was saved as mode = "auto" alone, which generates uncapped."""
+    from ggufspec.bench.tune import TuneResult, best_values
+    from ggufspec.models.resolve import merge_pair_settings
+
+    best = {"ngl": 0, "ngld": 0, "cpu_moe": None, "mode": "auto", "draft_max": 2}
+    cpu = TuneResult([best], best, "td", gpu=False)
+    assert cpu.flags == "--mode auto --draft-max 2" and best_values(cpu) == {"mode": "auto", "draft_max": 2}
+    gpu = TuneResult([best], {**best, "ngl": 29, "ngld": 25, "cpu_moe": 3}, "td", gpu=True)
+    assert gpu.flags == "-ngl 29 --n-cpu-moe 3 -ngld 25 --mode auto --draft-max 2"
+    assert best_values(gpu) == {"n_gpu_layers": 29, "draft_n_gpu_layers": 25, "n_cpu_moe": 3, "mode": "auto",
+                                "draft_max": 2}
+    settings, _ = merge_pair_settings(best_values(cpu), {})  # generate with the saved pair: what tune measured
+    assert settings == {"mode": "auto", "draft_max": 2}
+    assert merge_pair_settings(best_values(cpu), {"mode": "auto"})[0]["draft_max"] == 2
+    assert "draft_max" not in merge_pair_settings({"draft_max": 2}, {"mode": "auto"})[0]  # draft mode's length alone
 
 
 def test_plan_ram_messages(tiny):

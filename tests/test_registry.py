@@ -1,5 +1,7 @@
 """models.toml parsing, overrides and name resolution."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,114 @@ def test_models_check_says_compatible_only_of_a_draft_that_loads(tiny, tmp_path,
     assert gen.exit_code == 1 and needle in gen.stderr  # the same reason where it would have failed
     swapped = CliRunner().invoke(cli, ["models", "check", str(bad), str(tiny["target"])])
     assert swapped.exit_code == 1 and needle.replace("draft", "target") in swapped.stderr
+
+
+# The user's registry as they wrote it: comments, quoted and bare section names, values ggufspec never reads
+# (an array, a datetime, a table of their own), a pair defined before the one tune writes.
+USER_FILE = '''# my registry: pairs for the office GPU box
+default_pair = "mine"   # the one I use
+
+[models.m]  # a local fine-tune
+repo = "me/m"
+file = "m.gguf"
+tags = ["local", "fine-tune"]
+
+[pairs."mine"]
+target = "m"  # mine
+draft = "qwen2.5-coder-0.5b-instruct"
+mode = "draft"  # was draft
+
+[pairs.other]
+target = "m"
+draft = "m"
+
+[notes]
+updated = 2024-05-27T07:32:00Z
+'''
+
+
+def test_save_pair_edits_only_the_pairs_table_and_keeps_the_file_as_written(tmp_path):
+    """Before: every comment deleted, sections re-quoted, and an array or a datetime a TypeError."""
+    from ggufspec.models.registry import save_pair
+
+    reg = tmp_path / "models.toml"
+    reg.write_text(USER_FILE)
+    assert save_pair(reg, "mine", {"mode": "auto", "draft_max": 2}) == reg
+    assert reg.read_text() == USER_FILE.replace('mode = "draft"  # was draft\n',
+                                                'mode = "auto"  # was draft\ndraft_max = 2\n')
+    save_pair(reg, "qwen2.5-coder-1.5b", {"draft_max": 3})  # a built-in pair: a table of its own, added
+    assert reg.read_text() == USER_FILE.replace('mode = "draft"  # was draft\n', 'mode = "auto"  # was draft\ndraft_max = 2\n'
+                                                ).replace("[notes]", '[pairs."qwen2.5-coder-1.5b"]\ndraft_max = 3\n\n[notes]')
+    r = load_registry(reg)
+    assert r.pair("mine").settings == {"mode": "auto", "draft_max": 2}
+    assert r.pair("qwen2.5-coder-1.5b").settings["draft_max"] == 3 and r.pair("qwen2.5-coder-1.5b").target
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models.toml", "models.toml.lock"]  # no temporary file
+
+
+def test_save_pair_writes_through_a_link(tmp_path):
+    """A registry kept in a dotfiles repository and linked: the link stays, its target gets the values."""
+    from ggufspec.models.registry import save_pair
+
+    real = tmp_path / "dotfiles" / "models.toml"
+    real.parent.mkdir()
+    real.write_text(USER_FILE)
+    link = tmp_path / "config" / "models.toml"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert save_pair(link, "other", {"n_gpu_layers": 12}) == real
+    assert link.is_symlink() and load_registry(link).pair("other").n_gpu_layers == 12
+    assert "n_gpu_layers = 12" in real.read_text() and "# my registry" in real.read_text()
+
+
+def test_save_pair_never_writes_a_registry_that_would_not_load(tmp_path):
+    """The pair was renamed while tune measured: before, [pairs.mine] came back as a stub lacking `target`, and
+    every later command failed on the file."""
+    from ggufspec.models.registry import save_pair
+
+    reg = tmp_path / "models.toml"
+    renamed = USER_FILE.replace('[pairs."mine"]', '[pairs."mine-v2"]').replace('"mine"   #', '"mine-v2"   #')
+    reg.write_text(renamed)
+    with pytest.raises(GGUFSpecError, match=r"models.toml: the setting for pair 'mine' was not saved: there is no pair "
+                                            r"'mine' in it or the registries under it any more \(renamed or removed\?\)"):
+        save_pair(reg, "mine", {"mode": "auto"})
+    with pytest.raises(GGUFSpecError, match=r"not saved: \[pairs.other\] --temp must be a finite number"):
+        save_pair(reg, "other", {"temperature": -1})
+    assert reg.read_text() == renamed and load_registry(reg).pair("mine-v2").target == "m"
+
+
+def test_save_pair_where_nothing_can_be_written_says_so_and_leaves_nothing(tmp_path):
+    from ggufspec.models.registry import save_pair
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(GGUFSpecError, match=r"file/models.toml: cannot write the registry \(\S+/file is a file, not a folder\); "
+                                            "nothing was saved"):
+        save_pair(tmp_path / "file" / "models.toml", "other", {"mode": "auto"})
+    reg = tmp_path / "models.toml"
+    reg.write_text(USER_FILE)
+    try:  # immutable (chattr +i): refused even to root, before and without a temporary file
+        subprocess.run(["chattr", "+i", str(reg)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("chattr +i is not available here")
+    try:
+        for check_only in (True, False):
+            with pytest.raises(GGUFSpecError, match=r"cannot write the registry \(Operation not permitted\)"):
+                save_pair(reg, "other", {"mode": "auto"}, check_only=check_only)
+    finally:
+        subprocess.run(["chattr", "-i", str(reg)], check=True)
+    assert reg.read_text() == USER_FILE and sorted(p.name for p in tmp_path.iterdir()) == [
+        "file", "models.toml", "models.toml.lock"]
+
+
+def test_concurrent_registry_writers_lose_nothing(tmp_path):
+    """Before: one shared models.toml.tmp and no lock (FileNotFoundError, pairs lost)."""
+    reg = tmp_path / "models.toml"
+    reg.write_text(USER_FILE)
+    code = ("import sys\nfrom ggufspec.models.registry import save_pair\nk = sys.argv[1]\nfor i in range(12):\n"
+            "    save_pair(sys.argv[2], f'p{k}-{i}', {'target': 'm', 'draft': 'm', 'draft_max': i + 1})\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(k), str(reg)], stderr=subprocess.PIPE, text=True)
+             for k in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    pairs = load_registry(reg).pairs
+    assert all(f"p{k}-{i}" in pairs for k in range(4) for i in range(12))
+    assert "# my registry" in reg.read_text() and [p.name for p in tmp_path.glob("*.tmp")] == []

@@ -273,7 +273,8 @@ def tune_text(result, saved: Path | None = None) -> str:
                           ("tok/s", "tok/s"), ("min-max", "min-max"), ("speed-up", "speed-up"), ("alpha", "α"),
                           ("= target", "= target")]), ""]
     lines += [f"note: {n}" for n in result.notes]
-    lines.append(f"best: {result.flags}  ({b['tokens_per_second']:.2f} tok/s, {_ratio(b['speedup'])})")
+    label = "best of the finished rows" if result.interrupted else "best"
+    lines.append(f"{label}: {result.flags}  ({b['tokens_per_second']:.2f} tok/s, {_ratio(b['speedup'])})")
     if saved:
         lines.append(f"saved as the defaults of pair {result.pair} in {saved}")
     return "\n".join(lines)

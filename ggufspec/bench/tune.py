@@ -3,8 +3,9 @@
 Plans GPU offload for the budget (as `ggufspec plan` does), then runs the benchmark's code on -ngl / -ngld
 values around the plan (for a mixture of experts whose layers all fit with some experts on the CPU, the
 expert split, --n-cpu-moe, around the plan's instead of -ngl) and each --draft-max (target-only, the draft
-model and auto, greedy, on the same prompts, interleaved), and picks the fastest. `save_best` writes it as the pair's defaults in the user's
-models.toml. With RPC servers the target's layers go there (their free memory is the budget) and the draft
+model and auto, greedy, on the same prompts, interleaved), and picks the fastest. `save_best` writes it as the pair's
+defaults in the user's models.toml (`check_save` first: before measuring, so no result is lost to a file that
+cannot take it). With RPC servers the target's layers go there (their free memory is the budget) and the draft
 stays on this machine, as in `ggufspec generate --rpc`.
 """
 
@@ -15,14 +16,14 @@ from pathlib import Path
 
 from ..engine import Engine
 from ..errors import GGUFSpecError
-from ..llama.backend import supports_gpu_offload
+from ..llama.backend import Model, supports_gpu_offload
 from ..llama.rpc import budgets, devices_for
 from ..models.offload import detect_vram, moe_text, plan, sizes_for, total_ram
-from ..models.registry import load_registry, save_pair_defaults
+from ..models.registry import save_pair
 from ..paths import user_registry
 from .prompts import Prompt
 from .rows import rows
-from .runs import BenchSettings, run
+from .runs import BenchSettings, prompt_tokens, run
 
 TUNE_MODES = ("target", "draft", "auto")  # plain decoding, the draft model at each length, and auto
 
@@ -45,12 +46,14 @@ class TuneResult:
     pair: str | None  # the pair's name, where one was named (what save_best writes under)
     gpu: bool  # whether layers were placed on a GPU (else only the drafting settings were tuned)
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # stopped by Ctrl-C or SIGTERM: the rows are what finished
 
     @property
     def flags(self) -> str:
+        """The best setting as flags: exactly what `save_best` writes (no placement where none was tuned)."""
         b = self.best
-        return (f"{placement_flags(b['ngl'], b['cpu_moe'], b['ngld'])} --mode {b['mode']}"
-                + (f" --draft-max {b['draft_max']}" if b["draft_max"] else ""))
+        placement = f"{placement_flags(b['ngl'], b['cpu_moe'], b['ngld'])} " if self.gpu else ""
+        return f"{placement}--mode {b['mode']}" + (f" --draft-max {b['draft_max']}" if b["draft_max"] else "")
 
 
 def placement_flags(ngl: int, cpu_moe: int | None, ngld: int) -> str:
@@ -98,28 +101,65 @@ def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSett
             progress=None) -> TuneResult:
     """Every placement around the plan, each with the benchmark's target, draft and auto rows; a placement
     llama.cpp cannot load (out of memory) is left out with a note. pair: the pair's name, where one was
-    named (what `save_best` writes under)."""
+    named (what `save_best` writes under). Ctrl-C (a KeyboardInterrupt) keeps the rows that finished
+    (interrupted=True); raised again when none had."""
     if draft is None:
         raise GGUFSpecError("tune needs a draft model: name a pair or give -md DRAFT")
+    check_context(target, prompts, s)
     grid = placements(target, draft, s)
     t_devices, d_devices = grid.devices
     settings = BenchSettings(TUNE_MODES, s.draft_max, s.max_tokens, s.repeats, 1, True, {}).validate()
-    found, notes = [], []
-    for ngl in grid.ngls:
-        for moe in grid.moes:
-            for ngld in grid.nglds:
+    found, notes, interrupted = [], [], False
+    try:
+        for ngl, moe, ngld in ((ngl, moe, ngld) for ngl in grid.ngls for moe in grid.moes for ngld in grid.nglds):
+            try:
+                engine = Engine(target, draft, n_ctx=s.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld,
+                                devices=t_devices, draft_devices=d_devices, cpu_moe=moe or 0)
+            except GGUFSpecError as e:
+                notes.append(f"{placement_flags(ngl, moe, ngld)} was left out: {e}")
+                continue
+            with engine:
+                runs = []
                 try:
-                    with Engine(target, draft, n_ctx=s.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld,
-                                devices=t_devices, draft_devices=d_devices, cpu_moe=moe or 0) as engine:
-                        runs = run(engine, prompts, settings, [], progress=progress)
-                        found += [_row(ngl, ngld, moe, row) for row in rows(runs, engine, settings)]
-                except GGUFSpecError as e:
-                    notes.append(f"{placement_flags(ngl, moe, ngld)} was left out: {e}")
+                    run(engine, prompts, settings, runs, progress=progress)
+                except KeyboardInterrupt:
+                    interrupted = True
+                found += [_row(ngl, ngld, moe, row) for row in rows(runs, engine, settings)] if runs else []
+            if interrupted:
+                break
+    except KeyboardInterrupt:  # while a placement loaded
+        interrupted = True
+    if interrupted and not found:
+        raise KeyboardInterrupt
     if not found:
         raise GGUFSpecError("no placement around the plan could be loaded: " + "; ".join(notes))
     result = _pick(found, grid.gpu, pair)
     result.notes[:0] = notes
+    result.interrupted = interrupted
     return result
+
+
+def check_context(target: Path, prompts: list[Prompt], s: TuneSettings) -> None:
+    """Each prompt, its -n tokens and a last draft fit the context, or one line naming -c and what to do. Before
+    any placement loads (from the vocabulary alone): a context too small is no placement's fault."""
+    with Model(target, role="target", vocab_only=True) as model:
+        for prompt in prompts:
+            n = len(prompt_tokens(_Vocabulary(model), prompt))
+            need = n + s.max_tokens + max(s.draft_max)
+            if need > s.n_ctx:
+                raise GGUFSpecError(f"-c {s.n_ctx} is too small for tune: prompt {prompt.label} is {n} tokens, and -n "
+                                    f"{s.max_tokens} with drafts of up to {max(s.draft_max)} need {need}; give -c "
+                                    f"{need} or more (or a smaller -n)")
+
+
+@dataclass
+class _Vocabulary:
+    """What `prompt_tokens` reads of an Engine (its one rule for templates), from a vocabulary-only load."""
+
+    target_model: Model
+
+    def tokenize_prompt(self, prompt=None, messages=None) -> list[int]:
+        return self.target_model.tokenize_chat(messages) if messages is not None else self.target_model.tokenize(prompt)
 
 
 def _row(ngl: int, ngld: int, cpu_moe: int | None, row: dict) -> dict:
@@ -143,16 +183,32 @@ def _pick(found: list[dict], gpu: bool, pair: str | None) -> TuneResult:
     return TuneResult(found, best, pair, gpu, notes)
 
 
-def save_best(result: TuneResult, registry: str | Path | None = None) -> Path:
-    """Write the best setting as the pair's defaults in the user's models.toml (or `registry`)."""
-    if not result.pair:
-        raise GGUFSpecError("--write needs a pair name (not -m/-md paths) to save the setting under")
+def check_save(pair: str | None, registry: str | Path | None = None) -> None:
+    """That `save_best` can write under this pair's name: a name was given, and the registry file takes a value
+    for it and can be written (every check of `save_pair`, nothing written). Before measuring."""
+    save_pair(_registry_file(pair, registry), pair, {"mode": "target"}, check_only=True)
+
+
+def best_values(result: TuneResult) -> dict:
+    """The pair's table entries for the best setting: exactly its flags (`TuneResult.flags`). No layer counts
+    where no placement was tuned (a CPU-only build): a registry shared with a GPU machine keeps its own."""
     best = result.best
-    values = {"n_gpu_layers": best["ngl"], "draft_n_gpu_layers": best["ngld"], "mode": best["mode"]}
-    if best["cpu_moe"] is not None:
+    values = {"n_gpu_layers": best["ngl"], "draft_n_gpu_layers": best["ngld"]} if result.gpu else {}
+    if result.gpu and best["cpu_moe"] is not None:
         values["n_cpu_moe"] = "all" if best["cpu_moe"] < 0 else best["cpu_moe"]
-    if best["draft_max"] and best["mode"] == "draft":
-        values["draft_max"] = best["draft_max"]
-    path = save_pair_defaults(Path(registry) if registry else user_registry(), result.pair, values)
-    load_registry(path)  # what was written must load
-    return path
+    values["mode"] = best["mode"]
+    if best["draft_max"]:
+        values["draft_max"] = best["draft_max"]  # draft mode's length; with mode = "auto", auto's cap
+    return values
+
+
+def save_best(result: TuneResult, registry: str | Path | None = None) -> Path:
+    """Write the best setting as the pair's defaults in the user's models.toml (or `registry`), the rest of the
+    file as it was; returns the file written (a link's target)."""
+    return save_pair(_registry_file(result.pair, registry), result.pair, best_values(result))
+
+
+def _registry_file(pair: str | None, registry: str | Path | None) -> Path:
+    if not pair:
+        raise GGUFSpecError("--write needs a pair name (not -m/-md paths) to save the setting under")
+    return Path(registry) if registry else user_registry()

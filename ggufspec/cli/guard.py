@@ -1,4 +1,5 @@
-"""Runs a command that talks to RPC servers in a child process.
+"""Guards around a run: SIGTERM and SIGHUP stopping it as Ctrl-C does (so what finished is kept), and a command that
+talks to RPC servers run in a child process.
 
 llama.cpp's RPC client ends the whole process (GGML_ABORT) when a server's connection breaks in
 the middle of a run; nothing in-process can catch that. The child does the work with the same
@@ -8,6 +9,7 @@ child that died of it becomes one line and exit status 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -17,6 +19,37 @@ import sys
 # ggml's abort format: "path/file.cpp:LINE: message"; and what comes after it.
 _GGML_LINE = re.compile(rb"^\S+\.(c|cpp|h):\d+: ")
 _NOISE = re.compile(rb"^(GGML_ABORT|\[New LWP|#\d+ +0x)")
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (what `timeout` and service managers send) and SIGHUP (a closed terminal or ssh session)
+    stop a run the way Ctrl-C does, so the finished runs are still reported and saved; yields a list
+    that holds the signal once one came."""
+    came: list[int] = []
+
+    def handler(signum, frame):
+        came.append(signum)
+        raise KeyboardInterrupt
+
+    stopping = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    try:
+        previous = {s: signal.signal(s, handler) for s in stopping}
+    except ValueError:  # not the main thread: leave signals alone
+        yield came
+        return
+    try:
+        yield came
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def stopped_by(signals: list[int]) -> tuple[str, int]:
+    """What to say of a run stopped by these signals (none: Ctrl-C), and the exit status a shell expects."""
+    if not signals:
+        return "interrupted", 130
+    return ("hung up" if signals[0] == getattr(signal, "SIGHUP", None) else "terminated"), 128 + signals[0]
 
 
 def run_guarded(args: list[str]) -> int:

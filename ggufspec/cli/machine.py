@@ -113,9 +113,11 @@ def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max
     """
     from ..bench.prompts import load_prompts
     from ..bench.report import to_json, tune_text
-    from ..bench.tune import TuneSettings, measure, save_best
+    from ..bench.tune import TuneSettings, check_save, measure, save_best
+    from ..errors import GGUFSpecError
     from ..models.offload import parse_size
     from ..models.resolve import resolve_models
+    from .guard import stopped_by, terminate_as_interrupt
     from .progress import BenchProgress
 
     lengths = int_list(draft_max, "--draft-max")
@@ -124,15 +126,34 @@ def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max
     prompts = load_prompts(None, suites, limit)
     existing = registry if registry and Path(registry).exists() else None  # --write may create it
     target_path, draft_path, defaults = resolve_models(pair, target, draft, registry=existing, use_default=True)
+    if write:  # before measuring: a result that cannot be saved would be lost
+        check_save(defaults.get("name"), registry)
     progress = BenchProgress()
     try:
-        result = measure(target_path, draft_path, prompts, settings, pair=defaults.get("name"), progress=progress)
+        with terminate_as_interrupt() as signals:
+            result = measure(target_path, draft_path, prompts, settings, pair=defaults.get("name"), progress=progress)
+    except KeyboardInterrupt:  # before any row finished: nothing to show
+        click.echo(f"\n{stopped_by(signals)[0]}", err=True)
+        sys.exit(stopped_by(signals)[1])
     finally:
         progress.close()
-    saved = save_best(result, registry) if write else None
+    if result.interrupted:
+        click.echo(f"{stopped_by(signals)[0]}: showing the finished rows" + (", nothing saved" if write else ""), err=True)
+    saved, error = None, None
+    if write and not result.interrupted:
+        try:
+            saved = save_best(result, registry)
+        except GGUFSpecError as e:  # the table first: the measurements are not lost with the file
+            error = str(e)
     click.echo(to_json({"rows": result.rows, "best": result.best, "flags": result.flags, "gpu": result.gpu,
-                        "notes": result.notes, "saved": str(saved) if saved else None})
+                        "notes": result.notes, "saved": str(saved) if saved else None,
+                        "interrupted": result.interrupted})
                if as_json else tune_text(result, saved))
+    if error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(1)
+    if result.interrupted:
+        sys.exit(stopped_by(signals)[1])
 
 
 @click.command()

@@ -5,52 +5,20 @@ Flag names follow llama.cpp. Every user error is one line on stderr and a non-ze
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import signal
 import sys
 
 import click
 
 from ..core import MODES
 from ..errors import GGUFSpecError, exactly_one
+from .guard import stopped_by, terminate_as_interrupt
 from .machine import costs_command, doctor, plan_command, rpc_server, tune_command
 from .models import models
 from .progress import BenchProgress
 from .options import int_list, json_option, model_options, sampling_options, split_options, user_errors, whole_number
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt():
-    """SIGTERM (what `timeout` and service managers send) and SIGHUP (a closed terminal or ssh session)
-    stop a run the way Ctrl-C does, so the finished runs are still reported and saved; yields a list
-    that holds the signal once one came."""
-    came: list[int] = []
-
-    def handler(signum, frame):
-        came.append(signum)
-        raise KeyboardInterrupt
-
-    stopping = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
-    try:
-        previous = {s: signal.signal(s, handler) for s in stopping}
-    except ValueError:  # not the main thread: leave signals alone
-        yield came
-        return
-    try:
-        yield came
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-
-
-def stopped_by(signals: list[int]) -> tuple[str, int]:
-    """What to say of a run stopped by these signals (none: Ctrl-C), and the exit status a shell expects."""
-    if not signals:
-        return "interrupted", 130
-    return ("hung up" if signals[0] == getattr(signal, "SIGHUP", None) else "terminated"), 128 + signals[0]
 
 
 class PipeClosed(Exception):

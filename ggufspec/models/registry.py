@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -251,7 +252,11 @@ def load_registry(explicit: str | os.PathLike | None = None, *, builtin: Path = 
     for path in user_registry_paths(explicit):
         data = _merge(data, _load_toml(path))
         sources.append(str(path))
-    where = " + ".join(sources) if len(sources) > 1 else sources[0]
+    return _build(data, " + ".join(sources), tuple(sources))
+
+
+def _build(data: dict, where: str, sources: tuple[str, ...] = ()) -> Registry:
+    """Merged registry data -> Registry, every value checked (`where` names the files in messages)."""
     for table in ("models", "pairs"):
         if not isinstance(data.get(table, {}), dict):
             raise GGUFSpecError(f"{where}: `{table}` should be a table ([{table}.NAME] sections), not {data[table]!r}")
@@ -260,43 +265,107 @@ def load_registry(explicit: str | os.PathLike | None = None, *, builtin: Path = 
     default = _typed(data, "default_pair", str, where, "")
     if default is not None and default not in pairs:
         raise GGUFSpecError(f"{where}: default_pair = {default!r} is not a pair in the registry")
-    return Registry(models, pairs, default, tuple(sources))
+    return Registry(models, pairs, default, sources)
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+def save_pair(path: str | os.PathLike, name: str, values: dict, *, check_only: bool = False) -> Path:
+    """Set `values` (keys of a pair's table: n_gpu_layers, mode, draft_max, ...) in [pairs.NAME] of the registry
+    file at `path` (created if missing), leaving the rest of the file as its owner wrote it: comments, layout,
+    quoting, other tables and keys. A symbolic link is written through (its target gets the values). Under a lock
+    that every writer takes, the file is read afresh, edited, checked, written to a temporary file of this call's
+    own and moved over the file in one step. Nothing is written, and a GGUFSpecError says why in one line, when
+    the registry would not load with the values (merged with the registries under it, as `load_registry(path)`
+    reads them) or the file cannot be written. check_only: every check, the file left as it is (before a long
+    measurement, so that its result is not lost to a file that cannot take it). Returns the file written."""
+    from filelock import FileLock, Timeout
+
+    real = Path(os.path.realpath(path))
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(real) + ".lock", timeout=60):
+            text = _edited(Path(path), real, name, values)
+            _replace(real, text, check_only)
+    except Timeout:
+        raise GGUFSpecError(f"{path}: another ggufspec has been writing it for a minute ({real}.lock); "
+                            "try again when it is done") from None
+    except OSError as e:
+        why = f"{e.filename} is a file, not a folder" if isinstance(e, FileExistsError) else e.strerror or e
+        raise GGUFSpecError(f"{path}: cannot write the registry ({why}); nothing was saved") from None
+    return real
 
 
-def dump_toml(data: dict) -> str:
-    """A registry dict back to TOML (top-level scalars, then [section."name"] tables, one level deep)."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for section, tables in data.items():
-        if not isinstance(tables, dict):
-            continue
-        for name, table in tables.items():
-            lines += ["", f'[{section}."{name}"]']
-            lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict) or k == "shape"]
-            for k, v in table.items():
-                if isinstance(v, dict) and k != "shape":
-                    lines += ["", f'[{section}."{name}".{k}]'] + [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
-    return "\n".join(lines).lstrip() + "\n"
+def _edited(path: Path, real: Path, name: str, values: dict) -> str:
+    """The file's text with `values` set in [pairs.NAME], checked to load and to change nothing else."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    before = _load_toml(real) if real.exists() else {}  # its own messages: not UTF-8, not TOML, unreadable
+    try:
+        doc = tomlkit.parse(real.read_text(encoding="utf-8")) if real.exists() else tomlkit.document()
+        if "pairs" not in doc:
+            doc["pairs"] = tomlkit.table(is_super_table=True)  # [pairs.NAME] alone, no empty [pairs] header
+        pairs = doc["pairs"]
+        if not isinstance(pairs, dict) or not isinstance(pairs.get(name, {}), dict):
+            raise GGUFSpecError(f"{path}: `pairs` should be a table of [pairs.NAME] tables; nothing was saved")
+        if name in pairs:
+            for key, value in values.items():
+                pairs[name][key] = value
+        else:
+            table = tomlkit.table()
+            table.update(values)
+            table.add(tomlkit.nl())  # a blank line before whatever table follows, as between the others
+            pairs[name] = table
+        text = tomlkit.dumps(doc)
+    except TOMLKitError as e:
+        raise GGUFSpecError(f"{path}: cannot edit this TOML while keeping its layout ({e}); nothing was saved") from None
+    after = tomllib.loads(text)
+    expected = _merge(before, {"pairs": {name: values}})
+    if after != expected:  # tomlkit's edit must be this one edit, whatever the file's layout
+        raise GGUFSpecError(f"{path}: could not set [pairs.{name}] without changing other values; nothing was saved "
+                            f"(set {values} there by hand)")
+    _check_loads(path, real, before, after, name)
+    return text
 
 
-def save_pair_defaults(path: Path, pair: str, values: dict) -> Path:
-    """Merge `values` into [pairs.<pair>] of the user's registry file (created if needed), atomically."""
-    path = Path(path)
-    data = _load_toml(path) if path.exists() else {}
-    data.setdefault("pairs", {}).setdefault(pair, {}).update(values)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dump_toml(data))
-    os.replace(tmp, path)
-    return path
+def _check_loads(path: Path, real: Path, before: dict, after: dict, name: str) -> None:
+    """That the registries `load_registry(path)` reads load with `after` as `real`'s data."""
+    chain = [_load_toml(BUILTIN)] + [None if Path(os.path.realpath(p)) == real else _load_toml(p)
+                                     for p in user_registry_paths(path)]
+
+    def merged(mine: dict) -> dict:
+        out = {}
+        for data in chain:
+            out = _merge(out, mine if data is None else data)
+        return out
+
+    try:
+        _build(merged(after), str(path))
+    except GGUFSpecError as e:
+        pairs = merged(before).get("pairs")
+        gone = not isinstance(pairs, dict) or name not in pairs  # renamed or removed while tune measured
+        why = f"there is no pair {name!r} in it or the registries under it any more (renamed or removed?)" if gone \
+            else str(e).removeprefix(f"{path}: ")
+        raise GGUFSpecError(f"{path}: the setting for pair {name!r} was not saved: {why}") from None
+
+
+def _replace(real: Path, text: str, check_only: bool) -> None:
+    """`text` into a temporary file beside `real`, moved over it (the file's mode kept); never left behind."""
+    if real.exists():
+        os.close(os.open(real, os.O_WRONLY | os.O_NONBLOCK))  # a read-only or immutable file: refused as such
+        mode = real.stat().st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        if not check_only:
+            os.replace(tmp, real)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)

@@ -83,15 +83,17 @@ def resolve_models(pair: str | None, target: str | None, draft: str | None, *, r
 def merge_pair_settings(pair: dict, given: dict, *, bench: bool = False) -> tuple[dict, int | None]:
     """The one rule for a pair's settings (models.toml [pairs.NAME.settings]) under the user's: the user's
     win. Returns (the run's settings, the pair's draft length). The pair's draft_max is draft mode's length:
-    a run in auto drafts as far as the measured costs say pays, so there it is left out, and the benchmark
-    gives it to its draft rows. bench: every row names its own mode and draft length, so the pair's mode
-    and draft_max are left out of the settings."""
+    a run in auto drafts as far as the measured costs say pays, so there it is left out, unless the pair's own
+    mode is auto (then it is auto's cap, as `tune --write` measured it); the benchmark gives it to its draft
+    rows. bench: every row names its own mode and draft length, so the pair's mode and draft_max are left out
+    of the settings."""
     pair = dict(pair)
     draft_length = pair.pop("draft_max", None)
     if bench:
         pair.pop("mode", None)
     merged = {**pair, **given}
-    if not bench and draft_length is not None and "draft_max" not in merged and merged.get("mode", DEFAULT_MODE) != "auto":
+    caps = merged.get("mode", DEFAULT_MODE) != "auto" or pair.get("mode") == "auto"
+    if not bench and draft_length is not None and "draft_max" not in merged and caps:
         merged["draft_max"] = draft_length
     return merged, draft_length
 
