@@ -186,3 +186,12 @@ def test_costs_and_doctor_show_the_mtp_step(mtp_models):
     assert "MTP step" in costs.output and "MTP head:" in costs.output
     doctor = run("doctor")
     assert doctor.exit_code == 0 and "MTP step" in doctor.output
+
+
+def test_tune_sweeps_the_mtp_draft_length(mtp_models):
+    """A target with MTP layers needs no draft model to tune: target, mtp at each length, auto."""
+    r = run("tune", "-m", mtp_models["glm4moe"], "-c", "512", "-n", "16", "--repeats", "1", "--draft-max", "1,2")
+    assert r.exit_code == 0, r.output
+    modes = [w for line in r.stdout.splitlines() if line[:1].isdigit() for w in line.split()
+             if w in ("target", "draft", "mtp", "auto")]
+    assert modes.count("mtp") == 2 and "target" in modes and "auto" in modes and "draft" not in modes

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..engine import Engine
 from ..errors import GGUFSpecError
 from ..llama.backend import Model, supports_gpu_offload
+from ..llama.gguf_info import read_info
 from ..llama.rpc import budgets, devices_for
 from ..models.offload import detect_vram, moe_text, plan, sizes_for, total_ram
 from ..models.registry import save_pair
@@ -25,7 +26,8 @@ from .prompts import Prompt
 from .rows import rows
 from .runs import BenchSettings, prompt_tokens, run
 
-TUNE_MODES = ("target", "draft", "auto")  # plain decoding, the draft model at each length, and auto
+# plain decoding, the draft model and the target's MTP layers (where it has them) at each length, and auto
+TUNE_MODES = ("target", "draft", "mtp", "auto")
 
 
 @dataclass
@@ -103,12 +105,14 @@ def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSett
     llama.cpp cannot load (out of memory) is left out with a note. pair: the pair's name, where one was
     named (what `save_best` writes under). Ctrl-C (a KeyboardInterrupt) keeps the rows that finished
     (interrupted=True); raised again when none had."""
-    if draft is None:
-        raise GGUFSpecError("tune needs a draft model: name a pair or give -md DRAFT")
+    has_mtp = read_info(target).n_nextn > 0
+    if draft is None and not has_mtp:
+        raise GGUFSpecError("tune needs a draft model (name a pair or give -md DRAFT) or a target with MTP layers")
     check_context(target, prompts, s)
     grid = placements(target, draft, s)
     t_devices, d_devices = grid.devices
-    settings = BenchSettings(TUNE_MODES, s.draft_max, s.max_tokens, s.repeats, 1, True, {}).validate()
+    modes = tuple(m for m in TUNE_MODES if (m != "draft" or draft is not None) and (m != "mtp" or has_mtp))
+    settings = BenchSettings(modes, s.draft_max, s.max_tokens, s.repeats, 1, True, {}).validate()
     found, notes, interrupted = [], [], False
     try:
         for ngl, moe, ngld in ((ngl, moe, ngld) for ngl in grid.ngls for moe in grid.moes for ngld in grid.nglds):
