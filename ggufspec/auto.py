@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .core import Draft, Round
+from .core import DRAFTING_MODES, Draft, Round
 from .costs import MARGIN, MAX_BATCH, Costs
 from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
@@ -200,9 +200,9 @@ def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, 
     costs, the cost-aware planner over lookup alone (a copy is drafted as far as it pays, and not at all
     where it does not), without them lookup drafts of draft_max; auto: the planner over lookup and the
     draft model (up to draft_max, or as far as the measured batches reach). Lookup drafts run to
-    lookup_max. target and draft-alone: no drafter. model, lookup: the drafters to use (a ModelDrafter of the
+    lookup_max. Modes that do not speculate (the target or the draft alone): no drafter. model, lookup: the drafters to use (a ModelDrafter of the
     generation's own; a LookupDrafter whose index the caller keeps), else fresh ones."""
-    if mode in ("target", "draft-alone"):
+    if mode not in DRAFTING_MODES:
         return None, 0
     if mode == "draft":
         if model is None:

@@ -21,6 +21,7 @@ class Mode:
     speculates: bool = False  # its text is the target's own (the guarantees hold)
     needs_draft_model: bool = False
     for_llama: bool = False  # a draft for llama-cpp-python's `Llama` can work this way (GGUFDraftModel)
+    on_draft: bool = False  # decodes on the draft model's context, with no target (a baseline)
 
 
 # The one table of modes, in the order the benchmark shows them; the CLI, the benchmark, `ggufspec tune`,
@@ -28,7 +29,7 @@ class Mode:
 MODE_TABLE = (
     Mode("target", "the target alone: plain decoding, no draft"),
     Mode("draft-alone", "the draft model generating by itself (a baseline: its text is the draft's)",
-         needs_draft_model=True),
+         needs_draft_model=True, on_draft=True),
     Mode("draft", "the draft model proposes, the target verifies", speculates=True, needs_draft_model=True,
          for_llama=True),
     Mode("lookup", "n-grams of the prompt and output are copied, no second model", speculates=True, for_llama=True),
@@ -40,6 +41,7 @@ DEFAULT_MODE = "auto"
 DRAFTING_MODES = tuple(m.name for m in MODE_TABLE if m.speculates)  # their text is the target's
 MODEL_MODES = tuple(m.name for m in MODE_TABLE if m.needs_draft_model)
 LLAMA_MODES = tuple(m.name for m in MODE_TABLE if m.for_llama)
+DRAFT_ALONE_MODES = tuple(m.name for m in MODE_TABLE if m.on_draft)
 
 
 Logits = Literal["all", "last", "none"]

@@ -22,7 +22,7 @@ from .llama.backend import Closing, Context, Model
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose
 from .llama.compat import check_compatible
-from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
+from .core import DRAFT_ALONE_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import ModelDrafter
 from .errors import GGUFSpecError, check_count, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
@@ -160,9 +160,9 @@ class Engine(Closing):
     def _build(self, s: GenerationSettings, prompt_tokens: list[int]) -> Generation:
         """One generation's parts, built here once and handed down: the context it decodes on, a fresh
         drafter (its own ModelDrafter copy, so --draft-p-min is its own), the verification policy."""
-        if s.mode == "draft-alone":  # the draft generating by itself: plain decoding on its context
+        if s.mode in DRAFT_ALONE_MODES:  # the draft generating by itself: plain decoding on its context
             if self.draft_model is None:
-                raise GGUFSpecError("mode 'draft-alone' needs a draft model (-md DRAFT)")
+                raise GGUFSpecError(f"mode {s.mode!r} needs a draft model (-md DRAFT)")
             return Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None,
                               Verification(tie_margin=s.tie_margin), 0)
         verification = self.verification(s.exact, s.tie_margin)
