@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .core import Draft, Round
+from .core import DRAFTING_MODES, Draft, Round
 from .costs import MARGIN, MAX_BATCH, Costs
 from .drafters import DRAFT_MAX, Drafter, HeadDrafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
@@ -215,10 +215,11 @@ def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, 
     costs, the cost-aware planner over lookup alone (a copy is drafted as far as it pays, and not at all
     where it does not), without them lookup drafts of draft_max; auto: the planner over lookup and the
     draft model (up to draft_max, or as far as the measured batches reach). Lookup drafts run to
-    lookup_max. target and draft-alone: no drafter. model, lookup: the drafters to use (a ModelDrafter of the
-    generation's own; a LookupDrafter whose index the caller keeps), else fresh ones. head: the target's MTP
-    head (mtp: it drafts draft_max tokens, DRAFT_MAX without one; auto weighs it beside the others)."""
-    if mode in ("target", "draft-alone"):
+    lookup_max. Modes that do not speculate (the target or the draft alone): no drafter. model, lookup: the drafters
+    to use (a ModelDrafter of the generation's own; a LookupDrafter whose index the caller keeps), else fresh ones.
+    head: the target's MTP head (mtp: it drafts draft_max tokens, DRAFT_MAX without one; auto weighs it beside the
+    others)."""
+    if mode not in DRAFTING_MODES:
         return None, 0
     if mode == "mtp":
         if head is None:

@@ -22,6 +22,7 @@ class Mode:
     needs_draft_model: bool = False
     needs_mtp: bool = False  # drafts with the target's own MTP (NextN) layers
     for_llama: bool = False  # a draft for llama-cpp-python's `Llama` can work this way (GGUFDraftModel)
+    on_draft: bool = False  # decodes on the draft model's context, with no target (a baseline)
 
 
 # The one table of modes, in the order the benchmark shows them; the CLI, the benchmark, `ggufspec tune`,
@@ -29,7 +30,7 @@ class Mode:
 MODE_TABLE = (
     Mode("target", "the target alone: plain decoding, no draft"),
     Mode("draft-alone", "the draft model generating by itself (a baseline: its text is the draft's)",
-         needs_draft_model=True),
+         needs_draft_model=True, on_draft=True),
     Mode("draft", "the draft model proposes, the target verifies", speculates=True, needs_draft_model=True,
          for_llama=True),
     Mode("lookup", "n-grams of the prompt and output are copied, no second model", speculates=True, for_llama=True),
@@ -44,6 +45,7 @@ DRAFTING_MODES = tuple(m.name for m in MODE_TABLE if m.speculates)  # their text
 MODEL_MODES = tuple(m.name for m in MODE_TABLE if m.needs_draft_model)
 MTP_MODES = tuple(m.name for m in MODE_TABLE if m.needs_mtp)
 LLAMA_MODES = tuple(m.name for m in MODE_TABLE if m.for_llama)
+DRAFT_ALONE_MODES = tuple(m.name for m in MODE_TABLE if m.on_draft)
 
 
 Logits = Literal["all", "last", "none"]

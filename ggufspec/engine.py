@@ -24,7 +24,7 @@ from .llama.heads import MtpHead, check_mtp
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose
 from .llama.compat import check_compatible
-from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
+from .core import DRAFT_ALONE_MODES, MODES, MTP_MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import HeadDrafter, ModelDrafter
 from .errors import GGUFSpecError, check_count, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
@@ -167,22 +167,22 @@ class Engine(Closing):
     def _build(self, s: GenerationSettings, prompt_tokens: list[int]) -> Generation:
         """One generation's parts, built here once and handed down: the context it decodes on, a fresh
         drafter (its own ModelDrafter copy, so --draft-p-min is its own), the verification policy."""
-        if s.mode == "draft-alone":  # the draft generating by itself: plain decoding on its context
+        if s.mode in DRAFT_ALONE_MODES:  # the draft generating by itself: plain decoding on its context
             if self.draft_model is None:
-                raise GGUFSpecError("mode 'draft-alone' needs a draft model (-md DRAFT)")
+                raise GGUFSpecError(f"mode {s.mode!r} needs a draft model (-md DRAFT)")
             return Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None,
                               Verification(tie_margin=s.tie_margin), 0)
         verification = self.verification(s.exact, s.tie_margin)
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:
             model.p_min = s.draft_p_min or 0.0
-        if s.mode == "mtp":
+        if s.mode in MTP_MODES:
             check_mtp(self.target_model)
         head = HeadDrafter(self.mtp_head, p_min=s.draft_p_min or 0.0) if self.mtp_head is not None else None
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
                                           lookup_max=s.lookup_max, p_min=s.draft_p_min, head=head)
         if self.mtp_head is not None:
-            uses = s.mode == "mtp" or getattr(drafter, "mtp", None) is not None
+            uses = s.mode in MTP_MODES or getattr(drafter, "mtp", None) is not None
             self.mtp_head.activate(uses)  # the head follows the target only for generations that draft with it
             if uses and not self.mtp_head.synced:  # it missed decodes: the prompt is evaluated anew, with it
                 s = replace(s, reuse_prompt=False)

@@ -182,7 +182,7 @@ def _short(value) -> str:
 
 class Generation:
     """The parts of one generation. model/ctx: what it decodes on (the target, or the draft for
-    draft-alone); drafter: None for plain decoding; draft_max: the round's drafting budget."""
+    the draft alone); drafter: None for plain decoding; draft_max: the round's drafting budget."""
 
     def __init__(self, s: GenerationSettings, prompt_tokens: list[int], model, ctx, drafter: Drafter | None,
                  verification: Verification, draft_max: int):

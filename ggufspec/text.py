@@ -1,4 +1,5 @@
-"""Tokens to text as a generation streams: incremental UTF-8, stop strings, end of generation.
+"""Tokens to text as a generation streams: incremental UTF-8, stop strings, end of generation; and
+which chat roles reach a prompt.
 
 Pure Python, no model: `TextAssembler` is fed each round's tokens and says what text may be shown
 now (text that could still become the start of a stop string is held back) and why generation ends.
@@ -10,6 +11,11 @@ import codecs
 from typing import Callable
 
 import numpy as np
+
+from .errors import GGUFSpecError
+
+# The roles chat templates render (OpenAI's, which GGUF templates follow); a template drops or refuses others.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def find_stop(text: str, stops: tuple[str, ...], since: int) -> int:
@@ -58,3 +64,13 @@ class TextAssembler:
             upto = len(self.text)
         shown, self.emitted = self.text[self.emitted:upto], upto
         return kept, shown, finish
+
+
+def check_chat_roles(messages: list[dict], where: str = "messages") -> list[dict]:
+    """Chat messages whose roles a chat template renders; one line naming the first other role (a
+    misspelled role's content would silently drop out of the prompt). Returns the messages."""
+    for i, m in enumerate(messages):
+        if m.get("role") not in CHAT_ROLES:
+            raise GGUFSpecError(f"{where}[{i}]: role {m.get('role')!r} is not one chat templates render; use "
+                                f"{', '.join(CHAT_ROLES)} (a template drops the content of any other)")
+    return messages

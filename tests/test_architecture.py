@@ -116,6 +116,20 @@ def test_modules_and_functions_stay_small_enough_to_read():
     assert not long_modules and not long_functions, (long_modules, long_functions)
 
 
+def test_the_readme_is_a_five_minute_read():
+    """A front door: under 1,100 words (about five minutes), with the quick start, headline, commands and links."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) < 1100, len(text.split())
+    for heading in ("## Quick start", "## Headline", "## Commands", "## More"):
+        assert heading in text, heading
+
+
+def test_a_mode_name_is_spelled_only_in_the_table_of_modes():
+    """Which mode decodes on the draft alone is a field of core.MODE_TABLE, not a name compared in each module."""
+    spelled = [name for name, path in modules() if '"draft-alone"' in path.read_text()]
+    assert spelled == ["core"], spelled
+
+
 def test_the_cli_imports_no_engine_internals():
     forbidden = {"llama.backend", "llama.compat", "drafters", "auto", "models.hub", "speculative", "costs"}
     for command in ("main", "machine", "models"):

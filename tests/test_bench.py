@@ -217,8 +217,10 @@ def test_bench_prompts_with_messages_of_the_wrong_shape(tiny, tmp_path):
     one_line(run("bench", "-m", tiny["target"], "--prompts", f), "p.jsonl, line 1", "messages[0]")
 
 
-def test_bench_one_token_is_refused(tiny):
-    one_line(run("bench", "-m", tiny["target"], "-n", 1), "-n must be at least 2")
+@pytest.mark.parametrize("n", [1, 0, -5])
+def test_bench_fewer_than_two_tokens_is_refused(tiny, n):
+    """-n 0 is refused like -n 1 (it once ran 64 tokens): the first token comes with the prompt, nothing to time."""
+    one_line(run("bench", "-m", tiny["target"], "-n", n), f"-n must be at least 2 (got {n})")
 
 
 def test_bench_plot_without_matplotlib_is_refused_before_running(tiny, tmp_path, monkeypatch):
@@ -306,4 +308,140 @@ def test_a_llama_cpp_program_that_crashes_is_named_run_again_and_its_row_left_ou
         raise ProgramDied("llama-speculative-simple (ngram-mod) died of SIGSEGV")
 
     assert _run_twice(dead, said.append) is None
-    assert said == ["ggufspec: llama-speculative-simple (ngram-mod) died of SIGSEGV twice; its row is left out"]
+    assert said == ["llama-speculative-simple (ngram-mod) died of SIGSEGV twice; its row is left out"]
+
+
+# llama-bench as llama.cpp prints it: one JSON result per -d depth
+GOOD_LLAMA_BENCH = ('while [ $# -gt 0 ]; do [ "$1" = "-d" ] && D=$2; shift; done\n'
+                    'printf "["; sep=""; for d in $(echo $D | tr , " "); do '
+                    'printf "%s{\\"n_depth\\": %s, \\"avg_ts\\": 20.5}" "$sep" $d; sep=","; done; echo "]"\n')
+
+
+def fake_llama_cpp(folder: Path, **bodies) -> Path:
+    """llama.cpp's programs as small shell scripts (named like llama-bench, with _ for -) that misbehave."""
+    folder.mkdir(exist_ok=True)
+    for name, body in bodies.items():
+        path = folder / name.replace("_", "-")
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+    return folder
+
+
+def compare(tiny, bin_dir, *extra):
+    return run("bench", "-m", tiny["target"], "-md", tiny["close"], "--suite", "code", "--limit", 1, "-n", 4,
+               "--modes", "target,lookup", "--draft-max", 2, "--compare-llama-cpp", bin_dir, *extra)
+
+
+def test_llama_cpp_programs_that_fail_after_the_runs_leave_notes_and_keep_ggufspecs_rows(tiny, tmp_path):
+    """llama-bench printing garbage after ggufspec's runs, speculative-simple printing nothing: each is a note,
+    ggufspec's rows are printed and its texts saved."""
+    bin_dir = fake_llama_cpp(tmp_path / "bin", llama_speculative_simple="exit 0\n", llama_bench=(
+        'if [ -f "$0.ran" ]; then echo "Traceback: this is not JSON"; exit 0; fi\ntouch "$0.ran"\n' + GOOD_LLAMA_BENCH))
+    r = compare(tiny, bin_dir, "--json", "--save-outputs", tmp_path / "texts")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [row["label"] for row in data["rows"]][:2] == ["target", "lookup"]
+    bench_rows = [row for row in data["rows"] if row.get("reference")]
+    assert [row["label"].split(" (")[0] for row in bench_rows] == ["llama.cpp llama-bench"]  # its run before ours
+    notes = [line for line in stderr_lines(r.stderr) if line.startswith("note: ")]
+    assert any("llama-bench printed no JSON results" in n and "only its run before" in n for n in notes), notes
+    assert any("llama-speculative-simple (draft-simple) printed no timing" in n for n in notes), notes
+    assert data["notes"] and "Traceback" not in r.stderr.replace("Traceback: this", "")
+    assert sorted(p.name for p in (tmp_path / "texts").iterdir()) == ["code-0.md"]
+
+
+@pytest.mark.parametrize("garbage", ["not JSON at all", "[1, 2]", '[{"n_depth": "x"}]', "[{\"avg_ts\": oops"])
+def test_llama_bench_printing_garbage_before_the_runs_is_one_line(tiny, tmp_path, garbage):
+    bin_dir = fake_llama_cpp(tmp_path / "bin", llama_bench=f"echo '{garbage}'\n", llama_speculative_simple="exit 0\n")
+    one_line(compare(tiny, bin_dir), "llama-bench printed no")
+
+
+def test_a_hanging_llama_cpp_program_is_stopped_at_the_time_limit_and_not_called_again(tiny, tmp_path, monkeypatch):
+    bin_dir = fake_llama_cpp(tmp_path / "bin", llama_bench=GOOD_LLAMA_BENCH,
+                             llama_speculative_simple=f'echo x >> {tmp_path / "calls"}\nexec sleep 60\n')
+    monkeypatch.setenv("GGUFSPEC_LLAMA_CPP_TIMEOUT", "1")
+    start = time.monotonic()
+    r = compare(tiny, bin_dir, "--json")
+    assert r.exit_code == 0, r.output
+    assert time.monotonic() - start < 30
+    assert (tmp_path / "calls").read_text() == "x\n"  # three configurations, one wait
+    assert [row["mode"] for row in json.loads(r.stdout)["rows"]] == ["target", "lookup", "llama-bench"]
+    assert "note: llama-speculative-simple gave no result in 1 s and was stopped (GGUFSPEC_LLAMA_CPP_TIMEOUT" in r.stderr
+    monkeypatch.setenv("GGUFSPEC_LLAMA_CPP_TIMEOUT", "soon")
+    one_line(compare(tiny, bin_dir), "GGUFSPEC_LLAMA_CPP_TIMEOUT='soon'")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_llama_cpp_runs_keeps_the_rows(tiny, tmp_path, signum):
+    """Ctrl-C or SIGTERM while llama.cpp's programs run after ggufspec's: the finished rows are printed and the
+    texts saved (exit 130/143), and the program is stopped with us."""
+    started = tmp_path / "started"
+    bin_dir = fake_llama_cpp(tmp_path / "bin", llama_bench=GOOD_LLAMA_BENCH,
+                             llama_speculative_simple=f'echo $$ > {started}.tmp; mv {started}.tmp {started}\nexec sleep 60\n')
+    outputs = tmp_path / "texts"
+    proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "bench", "-m", str(tiny["target"]), "--modes",
+                             "target,lookup", "-n", "4", "--suite", "code", "--limit", "1", "--compare-llama-cpp",
+                             str(bin_dir), "--save-outputs", str(outputs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + TIMEOUT
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert started.exists(), proc.communicate()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 128 + signum, err
+    said = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert f"{said}: showing the finished runs" in err.decode() and "Traceback" not in err.decode()
+    assert "target" in out.decode() and "lookup" in out.decode() and "llama.cpp llama-bench" in out.decode()
+    assert [p.name for p in outputs.iterdir()] == ["code-0.md"]
+    with pytest.raises(ProcessLookupError):  # the program was stopped with the run
+        os.kill(int(started.read_text()), 0)
+
+
+def test_a_prompt_that_fills_the_context_with_n_tokens_is_refused_before_anything_runs(tiny, tmp_path):
+    """Every prompt and -n tokens must fit: one line names the longest prompt that does not (it once ended the
+    run halfway, every finished row lost)."""
+    f = tmp_path / "p.txt"
+    f.write_text("short\n" + "a long prompt " * 4 + "\n")  # with the chat template: 25 and 76 tokens
+    line = one_line(run("bench", "-m", tiny["target"], "--prompts", f, "-c", 100, "-n", 40),
+                    f"prompt p-1 ({f}, line 2) is", "with -n 40 it needs a context of", "raise -c to")
+    assert "lower -n to" in line
+
+
+def test_speedups_after_an_interrupt_compare_the_prompts_both_rows_finished(tiny):
+    """Interrupted after the target's run of the second prompt: lookup has one prompt, the target two. Lookup's
+    speed-up is over the first prompt alone, and its row says it is partial."""
+    from ggufspec.bench.benchmark import benchmark
+    from ggufspec.bench.report import bench_table
+    from ggufspec.bench.prompts import load_suite
+    from ggufspec.bench.runs import BenchSettings
+    from ggufspec.models.resolve import LoadOptions
+
+    def stop(progress):
+        if progress.done == 5:  # warm-up 2, then target and lookup on code-0, then target on code-1
+            raise KeyboardInterrupt
+
+    prompts = load_suite("code")[:2]
+    result = benchmark(LoadOptions(target=str(tiny["target"])), prompts,
+                       BenchSettings(("target", "lookup"), max_tokens=8), progress=stop)
+    assert result.interrupted
+    target, lookup = result.rows
+    assert (target["n_prompts"], lookup["n_prompts"]) == (2, 1)
+    assert (target["partial"], lookup["partial"]) == (False, True)
+    assert "lookup (partial)" in bench_table(result.rows, grouped=False)
+    assert any("lookup finished fewer runs" in n for n in result.meta["notes"])
+    # lookup's speed-up is against the target's speed on code-0 alone, not on both prompts
+    assert lookup["speedup"] != pytest.approx(lookup["tokens_per_second"] / target["tokens_per_second"])
+
+
+def test_bench_prompts_with_a_role_no_template_renders(tiny, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hi"}\n{"messages": [{"role": "sytem", "content": "be brief"}, {"role": "user", "content": "x"}]}\n')
+    one_line(run("bench", "-m", tiny["target"], "--prompts", f), "p.jsonl, line 2: messages[0]", "'sytem'")
+
+
+def test_bench_chat_prompts_on_a_model_without_a_template(tiny, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hi"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    line = one_line(run("bench", "-m", tiny["same"], "--prompts", f, "-n", 4), f"p-1 ({f}, line 2)",
+                    "no chat template", "`prompt` string")
+    assert "-p" not in line.split(": ", 1)[1] and "--chat" not in line

@@ -12,8 +12,8 @@ from ..engine import Engine
 from ..errors import GGUFSpecError
 from .outputs import check_outputs_dir, save_outputs
 from .prompts import Prompt
-from .rows import explain_divergences, rows, tps
-from .runs import BenchSettings, Run, prompt_text, prompt_tokens, run
+from .rows import explain_divergences, partial_note, rows, tps
+from .runs import BenchSettings, Run, prompt_text, prompt_tokens, run, tokenized_prompts
 
 
 @dataclass
@@ -29,19 +29,25 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
 
     load: a models.resolve.LoadOptions; its n_gpu_layers may be a list (a sweep: a row set per value).
     llama_cpp_bin: a folder with llama.cpp's llama-bench and llama-speculative-simple, for reference
-    rows on the same work (greedy, fixed length). Ctrl-C keeps the finished runs (interrupted=True).
+    rows on the same work (greedy, fixed length). Ctrl-C keeps the finished runs (interrupted=True) and
+    llama.cpp's finished rows; a reference program that fails after ggufspec's runs leaves its row out, with
+    a line in meta["notes"].
     """
     settings.validate()
     if outputs_dir:
         check_outputs_dir(outputs_dir)
     if llama_cpp_bin and (not settings.ignore_eos or not settings.greedy):
         raise GGUFSpecError("--compare-llama-cpp compares greedy fixed-length runs: drop --temp and --natural-stop")
+    if llama_cpp_bin:
+        from .reference import check_reference
+
+        check_reference(llama_cpp_bin)  # both programs there, the time limit readable: before anything runs
     sweep = load.n_gpu_layers if isinstance(load.n_gpu_layers, list) else [load.n_gpu_layers]
-    rows, meta, interrupted, per_ngl = [], {}, False, []
+    rows, meta, interrupted, per_ngl, notes = [], {}, False, [], []
     for ngl in sweep:
         with_ngl = replace(load, n_gpu_layers=ngl, use_default=True)
         part, meta, interrupted = _bench_one(with_ngl, prompts, settings, by, llama_cpp_bin,
-                                             outputs_dir, progress)
+                                             outputs_dir, progress, notes)
         per_ngl.append({"n_gpu_layers": ngl, **{k: meta[k] for k in ("costs", "exact_batch", "placement")}})
         if len(sweep) > 1:
             for r in part:
@@ -52,6 +58,7 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
             break
     if len(sweep) > 1:
         meta.update(n_gpu_layers=sweep, sweep=per_ngl)  # each value's own costs and placement
+    meta["notes"] = notes
     return BenchResult(rows, meta, interrupted)
 
 
@@ -93,7 +100,7 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
     return groups, target_tps, texts
 
 
-def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress):
+def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress, notes: list):
     from ..models.resolve import merge_pair_settings, open_engine
     from .reference import llama_bench, reference_rows
 
@@ -107,6 +114,7 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
         if pair_draft_max:
             settings = replace(settings, draft_length=int(pair_draft_max))  # the pair's recommended length
         settings.validate()
+        tokenized_prompts(engine, prompts, settings.max_tokens)  # every prompt fits, before anything runs
         depths = _reference_depths(engine, prompts, by) if llama_cpp_bin else {}
         before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, settings.max_tokens,
                              engine.target_ctx.n_threads, tuple(depths.values())) if llama_cpp_bin else None
@@ -117,11 +125,16 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
         except KeyboardInterrupt:
             interrupted = True
         out = rows(runs, engine, settings, by=by)
-        explain_divergences(out, runs, engine)
-        if llama_cpp_bin and not interrupted:
-            groups, target_tps, texts = _reference_groups(engine, prompts, runs, by)
-            out += reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_lengths, target_tps,
-                                  llama_bench_before=before, depths=depths, target_texts=texts)
+        try:  # from here on an interrupt keeps what is done (the rows above, llama.cpp's finished ones)
+            explain_divergences(out, runs, engine)
+            if llama_cpp_bin and not interrupted:
+                groups, target_tps, texts = _reference_groups(engine, prompts, runs, by)
+                reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_lengths, target_tps,
+                               into=out, note=notes.append, llama_bench_before=before, depths=depths, target_texts=texts)
+        except KeyboardInterrupt:
+            interrupted = True
+        if interrupted and partial_note(out):
+            notes.append(partial_note(out))
         outputs_error = None
         if outputs_dir:
             try:

@@ -8,6 +8,7 @@ print. Build them from the same llama.cpp release as the installed llama-cpp-pyt
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,6 +33,81 @@ def _program(bin_dir: Path, name: str) -> Path:
     return path
 
 
+PROGRAMS = ("llama-bench", "llama-speculative-simple")
+TIMEOUT_VARIABLE = "GGUFSPEC_LLAMA_CPP_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0  # seconds per call: llama-bench's five repetitions of a long -n on a slow CPU fit
+
+
+def check_reference(bin_dir: str | Path) -> float:
+    """Before anything runs: both programs are there, and the time limit per call they get (seconds)."""
+    for name in PROGRAMS:
+        _program(Path(bin_dir), name)
+    return timeout()
+
+
+def timeout() -> float:
+    """Seconds one call of llama.cpp's programs may take: GGUFSPEC_LLAMA_CPP_TIMEOUT, else 600."""
+    value = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise GGUFSpecError(f"{TIMEOUT_VARIABLE}={value!r}: give the seconds one call of llama.cpp's programs may take, "
+                            f"e.g. {DEFAULT_TIMEOUT:.0f}")
+    return seconds
+
+
+class ProgramHung(GGUFSpecError):
+    """llama.cpp's program ran past the time limit: it was killed, and is not called again."""
+
+
+def _call(cmd: list[str], bin_dir: Path) -> tuple[int, bytes, bytes]:
+    """(exit status, stdout, stderr) of one of llama.cpp's programs. It runs in a process group of its own,
+    killed with whatever it started when it runs past the limit or when this process is stopped (Ctrl-C, SIGTERM)."""
+    limit = timeout()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(bin_dir),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except BaseException as e:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # already gone
+            pass
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise ProgramHung(f"{Path(cmd[0]).name} gave no result in {limit:g} s and was stopped "
+                              f"({TIMEOUT_VARIABLE} sets the limit)") from None
+        raise
+    return proc.returncode, out, err
+
+
+def _last_line(text: str) -> str:
+    return ([line.strip() for line in text.splitlines() if line.strip()][-1:] or ["nothing"])[0][:200]
+
+
+def _parse_llama_bench(stdout: str, depths: tuple[int, ...]) -> dict[int, dict]:
+    """llama-bench's JSON (-o json): one result per depth; anything else is one line."""
+    try:
+        data, _ = json.JSONDecoder().raw_decode(stdout, stdout.index("["))
+        found = {int(d.get("n_depth", depth)): d for d, depth in zip(data, depths)}
+    except (ValueError, TypeError, AttributeError):  # no JSON list of objects
+        raise GGUFSpecError(f"llama-bench printed no JSON results (its output ends: {_last_line(stdout)!r})") from None
+    missing = [d for d in depths if d not in found]
+    if missing:
+        raise GGUFSpecError(f"llama-bench printed no result at depth {missing[0]} (too old for -d?)")
+    try:
+        return {d: {"tokens_per_second": float(found[d]["avg_ts"]),
+                    "tokens_per_second_sd": float(found[d].get("stddev_ts", 0))} for d in depths}
+    except (KeyError, ValueError, TypeError):
+        raise GGUFSpecError(f"llama-bench printed results without a speed (avg_ts): {_last_line(stdout)!r}") from None
+
+
 def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths: tuple[int, ...] = (0,)) -> dict[int, dict]:
     """Target-only generation speed as llama-bench measures it (tg N, 5 repetitions), after `depth`
     tokens in the cache (-d: ggufspec's runs generate after their prompt, and at 100 cached tokens a
@@ -39,16 +115,10 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths:
     depths = tuple(sorted(set(depths))) or (0,)
     cmd = [str(_program(bin_dir, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(n_tokens), "-t", str(threads),
            "-d", ",".join(map(str, depths)), "-o", "json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=_env(bin_dir), timeout=1800)
-    if out.returncode != 0:
-        raise GGUFSpecError(f"llama-bench failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    data = json.loads(out.stdout[out.stdout.index("["):])
-    found = {int(d.get("n_depth", depth)): d for d, depth in zip(data, depths)}
-    missing = [d for d in depths if d not in found]
-    if missing:
-        raise GGUFSpecError(f"llama-bench printed no result at depth {missing[0]} (too old for -d?)")
-    return {d: {"tokens_per_second": float(found[d]["avg_ts"]), "tokens_per_second_sd": float(found[d].get("stddev_ts", 0))}
-            for d in depths}
+    code, out, err = _call(cmd, bin_dir)
+    if code != 0:
+        raise GGUFSpecError(f"llama-bench failed: {_last_line(err.decode('utf-8', 'replace'))}")
+    return _parse_llama_bench(out.decode("utf-8", "replace"), depths)
 
 
 # llama.cpp's programs log through a thread of their own and may exit before it wrote the last lines (its
@@ -67,21 +137,21 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
     if draft is not None and spec_type == "draft-simple":  # draft-mtp drafts with the target's own layers
         cmd[3:3] = ["-md", str(draft)]
     for _ in range(LOST_LOG_TRIES):  # llama.cpp's log thread can lose the last lines at exit: run again then
-        out = subprocess.run(cmd, capture_output=True, env=_env(bin_dir), timeout=1800)
-        text = (out.stdout + out.stderr).decode("utf-8", "replace")
+        code, stdout, stderr = _call(cmd, bin_dir)
+        text = (stdout + stderr).decode("utf-8", "replace")
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
-        if out.returncode != 0 or (m and re.search(r"n_accept\s*=", text)):
+        if code != 0 or (m and re.search(r"n_accept\s*=", text)):
             break
-    if out.returncode < 0:  # killed by a signal: its last line says nothing of why
-        raise ProgramDied(f"llama-speculative-simple ({spec_type}) died of {_signal_name(-out.returncode)}")
-    if out.returncode != 0 or not m:
-        last = [line for line in text.splitlines() if line.strip()][-1:] or ["?"]
-        raise GGUFSpecError(f"llama-speculative-simple failed: {last[0]}")
+    if code < 0:  # killed by a signal: its last line says nothing of why
+        raise ProgramDied(f"llama-speculative-simple ({spec_type}) died of {_signal_name(-code)}")
+    if code != 0 or not m:
+        said = "printed no timing" if code == 0 else f"failed (exit {code})"
+        raise GGUFSpecError(f"llama-speculative-simple ({spec_type}) {said}: {_last_line(text)}")
     drafted = re.search(r"n_drafted\s*=\s*(\d+)", text)
     accepted = re.search(r"n_accept\s*=\s*(\d+)", text)
     return {"n_generated": int(m.group(1)), "seconds": float(m.group(2)),
             "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accepted": int(accepted.group(1)) if accepted else 0,
-            "text": generated_text(out.stdout, prompt_text.encode("utf-8", "surrogateescape"))}
+            "text": generated_text(stdout, prompt_text.encode("utf-8", "surrogateescape"))}
 
 
 class ProgramDied(GGUFSpecError):
@@ -103,7 +173,7 @@ def _run_twice(run, warn):
             return run()
         except ProgramDied as e:
             if attempt:
-                warn(f"ggufspec: {e} twice; its row is left out")
+                warn(f"{e} twice; its row is left out")
     return None
 
 
@@ -131,11 +201,13 @@ NGRAM_TYPES = ("ngram-simple", "ngram-mod")
 
 
 def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_tokens: int, draft_max: tuple[int, ...],
-                   target_tps: dict[str, float | None], progress=None, llama_bench_before: dict | None = None,
+                   target_tps: dict[str, float | None], *, into: list, note=warn, llama_bench_before: dict | None = None,
                    depths: dict[str, int] | None = None,
                    target_texts: dict[str, list[tuple[str, str | None]]] | None = None) -> list[dict]:
     """Rows shaped like bench rows, for llama.cpp's programs on the same work: per group of prompts
-    (a suite, or "all"), speeds against that group's ggufspec target row.
+    (a suite, or "all"), speeds against that group's ggufspec target row. Each row is appended to `into` as it
+    is made (an interrupt keeps the finished ones); a program that fails or prints what is not understood
+    leaves its row out with one line through note(); one that runs past the time limit is not called again.
 
     depths: per group, the cached tokens llama-bench generates after (the group's mean prompt length).
     llama_bench_before: llama-bench's results ({depth: ...}) taken before ggufspec's own runs; with the
@@ -149,42 +221,64 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     draft = engine.draft_model.path if engine.draft_model else None
     threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
     depths = depths or {group: 0 for group in groups}
-    after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()))
+    try:
+        after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()))
+    except GGUFSpecError as e:
+        after = None
+        note(f"{e}; llama-bench's row shows only its run before ggufspec's" if llama_bench_before else
+             f"{e}; llama-bench's row is left out")
     configs = [("draft-simple", k) for k in draft_max] if draft else []
     if getattr(engine, "mtp_head", None) is not None:  # the target's MTP layers, as --mode mtp drafts with them
         configs += [("draft-mtp", k) for k in draft_max]
     configs += [(t, None) for t in NGRAM_TYPES]
-    rows = []
+    failed: set = set()  # speculative-simple's types that failed: not run again
     for group, texts in groups.items():
         depth = depths[group]
         tg = [r[depth]["tokens_per_second"] for r in (llama_bench_before, after) if r and depth in r]
-        row = _row(f"llama.cpp llama-bench (target, depth {depth})", "llama-bench", None, sum(tg) / len(tg),
-                   target_tps.get(group), None, group)
-        row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg), depth=depth)
-        rows.append(row)
+        if tg:
+            row = _row(f"llama.cpp llama-bench (target, depth {depth})", "llama-bench", None, sum(tg) / len(tg),
+                       target_tps.get(group), None, group)
+            row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg), depth=depth)
+            into.append(row)
         ours = (target_texts or {}).get(group) or [(None, None)] * len(texts)
         for spec_type, k in configs:
-            runs = []
-            for text in texts:
-                runs.append(_run_twice(lambda: speculative_simple(bin_dir, target, draft, text, n_tokens, threads, n_ctx,
-                                                                  k or max(draft_max), spec_type), warn))
-                if progress:
-                    progress(1)
-            if None in runs:
+            if (spec_type, k) in failed or "hung" in failed:
                 continue
-            tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
-            drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
-            label = (f"{'MTP layers' if spec_type == 'draft-mtp' else 'draft model'} (draft-max {k})" if k
-                     else spec_type)
-            row = _row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps,
-                       target_tps.get(group), accepted / drafted if drafted else None, group)
-            same = [(label, same_text(mine, r["text"])) for (label, mine), r in zip(ours, runs)]
-            if all(x is not None for _, x in same):
-                other = [label for label, x in same if not x]  # prompts where llama.cpp wrote another text
-                row.update(identical_to_target=not other, other_text=other,
-                           divergence={"prompt": other[0]} if other else None)
-            rows.append(row)
-    return rows
+            run_one = functools.partial(speculative_simple, bin_dir, target, draft, n_tokens=n_tokens, threads=threads,
+                                        n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type)
+            try:
+                row = _speculative_row(run_one, texts, ours, spec_type, k, target_tps.get(group), group, note)
+            except ProgramHung as e:
+                note(f"{e}; llama.cpp's speculative-simple rows from here on are left out")
+                failed.add("hung")
+                continue
+            except GGUFSpecError as e:
+                note(f"{e}; its rows are left out")
+                failed.add((spec_type, k))
+                continue
+            if row is not None:
+                into.append(row)
+    return into
+
+
+def _speculative_row(run_one, texts: list[str], ours: list, spec_type: str, k: int | None, target_tps: float | None,
+                     group: str, note) -> dict | None:
+    """speculative-simple's row over a group's prompts (run_one(prompt_text) runs one); None if it crashed twice."""
+    runs = []
+    for text in texts:
+        runs.append(_run_twice(lambda: run_one(prompt_text=text), note))
+        if runs[-1] is None:
+            return None
+    tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
+    drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
+    label = f"{'MTP layers' if spec_type == 'draft-mtp' else 'draft model'} (draft-max {k})" if k else spec_type
+    row = _row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps, target_tps,
+               accepted / drafted if drafted else None, group)
+    same = [(label, same_text(mine, r["text"])) for (label, mine), r in zip(ours, runs)]
+    if all(x is not None for _, x in same):
+        other = [label for label, x in same if not x]  # prompts where llama.cpp wrote another text
+        row.update(identical_to_target=not other, other_text=other, divergence={"prompt": other[0]} if other else None)
+    return row
 
 
 def _row(label: str, mode: str, draft_max, tps: float, target_tps: float | None, alpha, group: str = "all") -> dict:

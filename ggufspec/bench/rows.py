@@ -43,7 +43,10 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
     for r in runs:
         key = "all" if by == "all" else r.prompt.suite if by == "suite" else r.prompt.label
         groups.setdefault((r.config, key), []).append(r)
-    target_tps = {key: tps(rs)[0] for (config, key), rs in groups.items() if config.mode == "target"}
+    target_runs = {key: rs for (config, key), rs in groups.items() if config.mode == "target"}
+    most = {}  # per group, the most runs a row finished (fewer: the row was cut short by an interrupt)
+    for (config, key), rs in groups.items():
+        most[key] = max(most.get(key, 0), len(rs))
     out = []
     costs = engine.costs
     for (config, key), rs in groups.items():
@@ -55,7 +58,7 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             "mode": config.mode, "label": config.label, "draft_max": config.draft_max, "group": key,
             "n_prompts": len({r.prompt for r in rs}), "repeats": settings.repeats,
             "tokens_per_second": median, "tokens_per_second_min": low, "tokens_per_second_max": high,
-            "speedup": median / target_tps[key] if target_tps.get(key) else None,
+            "speedup": speedup(rs, target_runs.get(key, [])), "partial": len(rs) < most[key],
             "prompt_tokens_per_second": total.n_prompt / max(1e-9, total.prompt_seconds),
             "n_generated": total.n_generated,
             "acceptance_rate": alpha,
@@ -96,6 +99,26 @@ def explain_divergences(rows_: list[dict], runs: list[Run], engine: Engine) -> N
             ref = by_label.get((d["prompt"], 0))
             if ref is not None:
                 d["gap"] = divergence_gap(engine, prompt_tokens(engine, tokens_for[d["prompt"]]), ref.tokens, d["token"])
+
+
+def speedup(rs: list[Run], target_runs: list[Run]) -> float | None:
+    """A row's speed over the target's on the runs (prompt, repeat) both finished: after an interrupt one
+    row may hold a prompt another lacks, and prompts differ in speed."""
+    both = {(r.prompt, r.repeat) for r in rs} & {(r.prompt, r.repeat) for r in target_runs}
+    if not both:
+        return None
+    mine = tps([r for r in rs if (r.prompt, r.repeat) in both])[0]
+    theirs = tps([r for r in target_runs if (r.prompt, r.repeat) in both])[0]
+    return mine / theirs if theirs else None
+
+
+def partial_note(rows_: list[dict]) -> str | None:
+    """One line naming the rows an interrupt cut short (their speed-ups are over the runs the target finished)."""
+    cut = [r["label"] + ("" if r["group"] == "all" else f" ({r['group']})") for r in rows_ if r.get("partial")]
+    if not cut:
+        return None
+    return (f"{', '.join(cut)} finished fewer runs than the other rows (marked partial): each speed-up compares "
+            "only the prompts both it and the target finished")
 
 
 def tps(rs: list[Run]) -> tuple[float, float, float]:

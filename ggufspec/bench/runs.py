@@ -118,10 +118,32 @@ def plan(settings: BenchSettings, has_draft: bool, has_mtp: bool = False) -> lis
 def prompt_tokens(engine: Engine, prompt: Prompt) -> list[int]:
     """Through the model's chat template when it has one, as a user would send it."""
     if prompt.messages is not None:
+        if not engine.target_model.chat_template:
+            raise GGUFSpecError(f"it holds chat messages, and {engine.target_model.path.name} has no chat template; "
+                                "give it as a `prompt` string instead")
         return engine.tokenize_prompt(messages=list(prompt.messages))
     if engine.target_model.chat_template:
         return engine.tokenize_prompt(messages=[{"role": "user", "content": prompt.text}])
     return engine.tokenize_prompt(prompt.text)
+
+
+def tokenized_prompts(engine: Engine, prompts: list[Prompt], max_tokens: int) -> list[tuple[Prompt, list[int]]]:
+    """Every prompt with its tokens, all checked before anything runs: a prompt and -n tokens must fit the
+    context (a prompt that fills it would end the run halfway); one line names the longest that does not."""
+    out = []
+    for p in prompts:
+        try:
+            out.append((p, prompt_tokens(engine, p)))
+        except GGUFSpecError as e:
+            raise GGUFSpecError(f"prompt {p.where}: {e}") from None
+    too_long = [(p, len(t)) for p, t in out if len(t) + max_tokens > engine.n_ctx]
+    if too_long:
+        p, n = max(too_long, key=lambda x: x[1])
+        fewer = f", lower -n to {engine.n_ctx - n}" if engine.n_ctx - n >= 2 else ""
+        more = f" ({len(too_long) - 1} more prompts too)" if len(too_long) > 1 else ""
+        raise GGUFSpecError(f"prompt {p.where} is {n} tokens: with -n {max_tokens} it needs a context of {n + max_tokens}, "
+                            f"more than -c {engine.n_ctx}{more}; raise -c to {n + max_tokens}{fewer}, or leave it out")
+    return out
 
 
 def prompt_text(engine: Engine, prompt: Prompt) -> str:
@@ -160,18 +182,19 @@ def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: li
     """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done);
     `progress(Progress)` after each (warm-up runs count in the total)."""
     configs = plan(settings, engine.draft_model is not None, engine.mtp_head is not None)
-    tokenized = [(p, prompt_tokens(engine, p)) for p in prompts]
+    tokenized = tokenized_prompts(engine, prompts, settings.max_tokens)
     proc = psutil.Process()
     total = len(configs) * (settings.warmup + settings.repeats * len(prompts))
     start, done = time.perf_counter(), 0
 
-    def one(config, prompt, tokens):
+    def one(config, prompt, tokens, repeat=None):
         nonlocal done
         result = run_one(engine, config, tokens, settings)
         done += 1
+        if repeat is not None:  # kept before progress is told, so an interrupt there keeps it
+            runs.append(Run(config, prompt, repeat, result.tokens, result.text, result.stats, proc.memory_info().rss))
         if progress:
             progress(Progress(done, total, config, prompt, time.perf_counter() - start))
-        return result
 
     for _ in range(settings.warmup):  # caches, page faults, thread pools: not counted
         for config in configs:
@@ -181,6 +204,5 @@ def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: li
     for repeat in range(settings.repeats):
         for prompt, tokens in tokenized:
             for config in configs:
-                result = one(config, prompt, tokens)
-                runs.append(Run(config, prompt, repeat, result.tokens, result.text, result.stats, proc.memory_info().rss))
+                one(config, prompt, tokens, repeat)
     return runs

@@ -162,10 +162,9 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     from ..bench.report import bench_footer, bench_table, to_csv, to_json
 
     load, given, draft_max = split_options(options)
-    for key in ("mode", "ignore_eos"):
-        given.pop(key, None)
-    settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),
-                               int_list(draft_max, "--draft-max"), given.pop("max_tokens", None) or 64,
+    given = {k: v for k, v in given.items() if k not in ("mode", "ignore_eos")}
+    settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),  # -n 0 is a value, refused
+                               int_list(draft_max, "--draft-max"), given.pop("max_tokens", 64),
                                repeats, warmup, not natural_stop, given, reuse_prompt)
     prompts = load_prompts(prompts_file, suites, limit)
     if plot:
@@ -185,6 +184,8 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         progress.close()
     if result.interrupted:
         click.echo(f"{stopped_by(signals)[0]}: showing the finished runs", err=True)
+    for note in result.meta.get("notes", []):  # llama.cpp's rows left out, rows cut short
+        click.echo(f"note: {note}", err=True)
     if as_json:
         click.echo(to_json({**result.meta, "rows": result.rows}))
     elif as_csv:

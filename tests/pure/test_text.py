@@ -1,9 +1,11 @@
 """Tokens to text on hand-built token pieces: UTF-8 split across tokens, stop strings held back and cut,
-end-of-generation tokens, the length limit."""
+end-of-generation tokens, the length limit; the chat roles a template renders."""
 
 import numpy as np
+import pytest
 
-from ggufspec.text import TextAssembler, find_stop
+from ggufspec.errors import GGUFSpecError
+from ggufspec.text import TextAssembler, check_chat_roles, find_stop
 
 # token id -> bytes; "é" is split over tokens 3 and 4, token 9 ends generation
 PIECES = {0: b"he", 1: b"llo", 2: b" wor", 3: b"\xc3", 4: b"\xa9", 5: b"ld", 6: b"!", 7: b"EN", 8: b"D", 9: b""}
@@ -64,3 +66,11 @@ def test_find_stop_looks_only_where_a_stop_could_end_after_since():
     assert find_stop("abcEND", ("END",), 4) == 3  # the stop string began before `since`, ends after it
     assert find_stop("ENDabc", ("END",), 5) == -1  # it ended before `since`: found earlier, not again
     assert find_stop("xxAAyyB", ("B", "AA"), 0) == 2  # the earliest of several
+
+
+def test_chat_roles_a_template_renders_pass_and_any_other_is_one_line():
+    messages = [{"role": r, "content": "x"} for r in ("system", "user", "assistant", "tool")]
+    assert check_chat_roles(messages) == messages
+    for role in ("wizard", "User", "sytem", None):
+        with pytest.raises(GGUFSpecError, match=rf"p.jsonl, line 3: messages\[1\]: role {role!r} is not one"):
+            check_chat_roles([messages[0], {"role": role, "content": "x"}], "p.jsonl, line 3: messages")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ...errors import GGUFSpecError
 from ...generation import check_messages
+from ...text import check_chat_roles
 
 SUITES = ("code", "edit", "chat", "summarize", "fix")  # fix: not in the default run
 
@@ -21,10 +22,16 @@ class Prompt:
     index: int
     text: str | None = None
     messages: tuple | None = None
+    source: str = ""  # where it was read: "FILE, line N"
 
     @property
     def label(self) -> str:
         return f"{self.suite}-{self.index}"
+
+    @property
+    def where(self) -> str:
+        """The prompt as an error names it: its label, and its file and line."""
+        return f"{self.label} ({self.source})" if self.source else self.label
 
 
 def load_suite(name: str) -> list[Prompt]:
@@ -77,12 +84,13 @@ def _parse_prompts(text: str, suite: str, where: str) -> list[Prompt]:
             if not isinstance(obj, dict):
                 raise GGUFSpecError(f"{where}, line {n}: a JSON line must be an object with `prompt` or `messages`")
             if isinstance(obj.get("prompt"), str):
-                out.append(Prompt(suite, len(out), text=obj["prompt"]))
+                out.append(Prompt(suite, len(out), text=obj["prompt"], source=f"{where}, line {n}"))
             elif isinstance(obj, dict) and "messages" in obj:
-                messages = check_messages(obj["messages"], f"{where}, line {n}: messages")
-                out.append(Prompt(suite, len(out), messages=tuple(messages)))
+                messages = check_chat_roles(check_messages(obj["messages"], f"{where}, line {n}: messages"),
+                                            f"{where}, line {n}: messages")
+                out.append(Prompt(suite, len(out), messages=tuple(messages), source=f"{where}, line {n}"))
             else:
                 raise GGUFSpecError(f"{where}, line {n}: a JSON line needs a `prompt` string or a `messages` list")
         else:
-            out.append(Prompt(suite, len(out), text=line))
+            out.append(Prompt(suite, len(out), text=line, source=f"{where}, line {n}"))
     return out
