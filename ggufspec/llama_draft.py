@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .llama.backend import Context, LlamaModel, Model
+from .llama.backend import Context, Model
+from .llama.vocab import LlamaModel
 from .llama.runtime import LlamaDraftModel
 from .core import LLAMA_MODES, MTP_MODES, Draft, Round
 from .auto import make_drafter
