@@ -24,7 +24,7 @@ from .llama.runtime import set_verbose
 from .llama.compat import check_compatible
 from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import ModelDrafter
-from .errors import GGUFSpecError, check_count, exactly_one
+from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
@@ -50,8 +50,8 @@ class Engine(Closing):
                  remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0):
         check_count(n_ctx, "-c/--ctx-size", 8)
         check_count(n_batch, "-b/--batch-size", 1)
-        check_count(n_gpu_layers, "-ngl/--n-gpu-layers", -1)  # -1: every layer
-        check_count(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft", -1)
+        check_layers(n_gpu_layers, "-ngl/--n-gpu-layers")  # -1: every layer
+        check_layers(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft")
         check_threads(n_threads)
         set_verbose(verbose)
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = None

@@ -25,7 +25,7 @@ from .llama.runtime import LlamaDraftModel
 from .core import LLAMA_MODES, Draft, Round
 from .auto import make_drafter
 from .drafters import LookupDrafter, ModelDrafter
-from .errors import GGUFSpecError, check_count
+from .errors import GGUFSpecError, check_count, check_layers
 from .sampling import SamplingParams
 from .llama.system import check_threads
 from .verification import Verification
@@ -57,7 +57,7 @@ class GGUFDraftModel(LlamaDraftModel):
         check_count(n_ctx, "n_ctx", 8)
         check_count(n_batch, "n_batch", 1)
         check_count(num_pred_tokens, "num_pred_tokens", 1)
-        check_count(n_gpu_layers, "n_gpu_layers", -1)  # -1: every layer
+        check_layers(n_gpu_layers, "n_gpu_layers")  # -1: every layer
         check_threads(n_threads, "n_threads")
         if draft is None and mode != "lookup":
             raise GGUFSpecError(f"mode {mode!r} needs a draft model (a .gguf path or a registry name)")
@@ -102,14 +102,15 @@ class GGUFDraftModel(LlamaDraftModel):
         if self.model is not None:
             check_compatible(target, self.model)
             self.model_drafter = ModelDrafter(self.ctx, target_n_vocab=target.n_vocab)
-        if llama.draft_model is not self:  # a draft given after construction: Llama then needs every row's logits
-            llama.draft_model, llama._logits_all = self, True
-        _make_room_for_logits(llama)
         borrowed = Context.of_llama(llama)
         if not borrowed.cuttable:  # Llama rewinds a rejected draft with a partial seq_rm, which such a memory refuses
             borrowed.close()
             raise GGUFSpecError(f"{target.path}: a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot "
                                 "rewind after a rejected draft; speculate on it with ggufspec's Engine or `ggufspec generate`")
+        # only a Llama this draft can serve is changed: a refused one keeps generating alone
+        if llama.draft_model is not self:  # a draft given after construction: Llama then needs every row's logits
+            llama.draft_model, llama._logits_all = self, True
+        _make_room_for_logits(llama)
         try:
             self.costs = costs_for(borrowed, self.ctx)
         finally:

@@ -131,6 +131,8 @@ def test_context_fills_mid_generation(tiny):
     (["--mode", "draft"], "draft model"),
     (["-ngl", "-3"], "negative"),
     (["-ngl", "lots"], "layer count"),
+    (["-ngl", str(2**32)], "must be at most 2147483647"),  # through the 32-bit field it would offload nothing
+    (["-ngld", str(2**32 + 1)], "must be at most 2147483647"),
 ])
 def test_out_of_range_settings(tiny, args, needle):
     one_line(run("generate", "-m", tiny["target"], "-p", "hi", *args), needle)

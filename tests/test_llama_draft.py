@@ -113,6 +113,19 @@ def test_an_unattached_draft_says_what_to_do(tiny):
     draft.close()
 
 
+def test_a_refused_recurrent_llama_is_left_as_it_was(tiny, tmp_path):
+    """attach refuses a Llama whose model is recurrent before touching it: the Llama still generates alone."""
+    from tiny import write_tiny_hybrid
+
+    draft = GGUFDraftModel(tiny["close"], mode="draft")
+    recurrent = Llama(model_path=str(write_tiny_hybrid(tmp_path / "lfm2.gguf", "lfm2")), n_ctx=256, verbose=False)
+    with pytest.raises(GGUFSpecError, match="a recurrent or hybrid model"):
+        draft.attach(recurrent)
+    assert recurrent.draft_model is None
+    assert recurrent.create_completion("hello", max_tokens=4, temperature=0)["choices"][0]["text"] is not None
+    draft.close()
+
+
 def test_attach_measures_through_the_llamas_own_context_and_loads_no_second_target(tiny):
     """Costs come from the Llama's context (its settings name the cache entry); a draft given after
     construction gets Llama's every-row logits; the text stays Llama's own."""

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import GGUFSpecError
+from ..errors import GGUFSpecError, check_layers
 from ..core import DEFAULT_MODE, MODE_TABLE
 from ..sampling import SAMPLING_RULES
 
@@ -44,7 +44,10 @@ class Layers(click.ParamType):
             self.fail(f"{value!r} is not a layer count, 'all' or 'auto'", param, ctx)
         if n < 0:
             self.fail(f"{n} is negative; use 'all' for every layer", param, ctx)
-        return n
+        try:
+            return check_layers(n, "a layer count")
+        except GGUFSpecError as e:
+            self.fail(str(e), param, ctx)
 
 
 def _apply(fn, options):
