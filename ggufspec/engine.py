@@ -29,6 +29,7 @@ from .generation import Chunk, Generation, GenerationSettings, Result, check_mes
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
 from .llama.system import check_threads
+from .text import check_chat_roles
 from .verification import Verification
 
 __all__ = ["Engine", "GenerationSettings", "Chunk", "Result", "Stats", "MODES"]
@@ -114,7 +115,9 @@ class Engine(Closing):
         encoding) or chat messages (through the GGUF's template)."""
         self._check_open()
         if exactly_one({"a prompt": prompt, "chat messages": messages}) == "chat messages":
-            tokens = self.target_model.tokenize_chat(check_messages(messages))
+            messages = check_messages(messages)
+            check_chat_roles(messages)
+            tokens = self.target_model.tokenize_chat(messages)
         elif isinstance(prompt, (str, bytes)):
             tokens = self.target_model.tokenize(prompt)
         else:

@@ -1,4 +1,5 @@
-"""Tokens to text as a generation streams: incremental UTF-8, stop strings, end of generation.
+"""Tokens to text as a generation streams: incremental UTF-8, stop strings, end of generation; and the
+roles chat messages may have.
 
 Pure Python, no model: `TextAssembler` is fed each round's tokens and says what text may be shown
 now (text that could still become the start of a stop string is held back) and why generation ends.
@@ -10,6 +11,20 @@ import codecs
 from typing import Callable
 
 import numpy as np
+
+from .errors import GGUFSpecError
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # what chat templates render; Qwen2.5's drops any other silently
+
+
+def check_chat_roles(messages) -> None:
+    """One GGUFSpecError naming the first message whose role a chat template may not render (its content would
+    vanish from the prompt without a word), and the roles allowed."""
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in CHAT_ROLES:
+            raise GGUFSpecError(f"chat message {i + 1} has role {role!r}, which a chat template may drop with its "
+                                f"content; use one of {', '.join(CHAT_ROLES)}")
 
 
 def find_stop(text: str, stops: tuple[str, ...], since: int) -> int:

@@ -63,6 +63,11 @@ def test_chat_messages_of_the_wrong_shape(engine, messages):
         engine.generate(messages=messages, max_tokens=4)
 
 
+def test_a_chat_role_the_template_would_drop_is_refused(engine):
+    with pytest.raises(GGUFSpecError, match="chat message 1 has role 'wizard'"):
+        engine.generate(messages=[{"role": "wizard", "content": "abracadabra"}], max_tokens=4)
+
+
 def test_stop_none_and_empty_stop(engine):
     reference = engine.generate("hello", max_tokens=12, ignore_eos=True)
     assert engine.generate("hello", max_tokens=12, ignore_eos=True, stop=None).tokens == reference.tokens
