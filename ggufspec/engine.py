@@ -92,6 +92,7 @@ class Engine(Closing):
 
     def weights(self) -> dict:
         """Where llama.cpp put each model's weights, as it reported it: {role: {buffer: MiB}}."""
+        self._check_open()
         out = {"target": self.target_model.buffers}
         if self.draft_model is not None:
             out["draft"] = self.draft_model.buffers
@@ -99,6 +100,7 @@ class Engine(Closing):
 
     def cost_report(self) -> dict:
         """What `ggufspec costs` prints: the measured table, the ceiling, where each drafter pays."""
+        self._check_open()
         v = self.verification()
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
                 "threads": self.target_ctx.n_threads, "exact": v.exact,
@@ -106,6 +108,7 @@ class Engine(Closing):
 
     @property
     def n_ctx(self) -> int:
+        self._check_open()
         return self.target_ctx.n_ctx
 
     # -- prompts ------------------------------------------------------------------------------
@@ -125,7 +128,15 @@ class Engine(Closing):
                                 "token ids go in prompt_tokens=")
         return self._check_prompt(tokens)
 
-    def _check_prompt(self, tokens: list[int]) -> list[int]:
+    def _check_prompt(self, tokens) -> list[int]:
+        """Token ids as a list (from a list, tuple, range or numpy array of ints), checked against this model."""
+        if isinstance(tokens, np.ndarray) and tokens.ndim == 1:
+            tokens = tokens.tolist()
+        elif isinstance(tokens, (list, tuple, range)):
+            tokens = list(tokens)
+        else:
+            shape = f"an array of shape {tokens.shape}" if isinstance(tokens, np.ndarray) else type(tokens).__name__
+            raise GGUFSpecError(f"prompt_tokens must be a flat list or array of token ids (got {shape})")
         if not tokens:
             raise GGUFSpecError("the prompt is empty; give some text")
         n_vocab = self.target_model.n_vocab

@@ -4,6 +4,7 @@ stop strings, a closed engine. Each bad input is one GGUFSpecError (or one line 
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from clirun import TIMEOUT, one_line, run
@@ -46,6 +47,16 @@ def test_a_stream_superseded_by_a_later_generation_says_so(engine):
     assert len(engine.generate("hello world", max_tokens=30, ignore_eos=True).tokens) == 30  # and the engine works
 
 
+def test_prompt_tokens_as_a_numpy_array_or_a_tuple(engine):
+    reference = engine.generate(prompt_tokens=[5, 6, 7], max_tokens=6, ignore_eos=True).tokens
+    for given in (np.array([5, 6, 7]), np.array([5, 6, 7], dtype=np.int32), (5, 6, 7)):
+        assert engine.generate(prompt_tokens=given, max_tokens=6, ignore_eos=True).tokens == reference
+    with pytest.raises(GGUFSpecError, match=r"flat list or array of token ids \(got an array of shape \(1, 3\)\)"):
+        engine.generate(prompt_tokens=np.array([[5, 6, 7]]))
+    with pytest.raises(GGUFSpecError, match="prompt_tokens holds 5.0"):
+        engine.generate(prompt_tokens=np.array([5.0, 6.0]))
+
+
 def test_prompt_arguments_are_checked(engine):
     with pytest.raises(GGUFSpecError, match="not a token id of this model"):
         engine.generate(prompt_tokens=[1, 2**31])
@@ -78,6 +89,9 @@ def test_stop_none_and_empty_stop(engine):
 def test_a_closed_engine_says_so(tiny):
     e = Engine(tiny["target"], n_ctx=64)
     e.close()
+    for read in (e.weights, e.cost_report, lambda: e.n_ctx):  # docs/api.md: GGUFSpecError, not AttributeError
+        with pytest.raises(GGUFSpecError, match="this Engine is closed"):
+            read()
     with pytest.raises(GGUFSpecError, match="this Engine is closed"):
         e.generate("hi", max_tokens=2)
     with pytest.raises(GGUFSpecError, match="this Engine is closed"):
