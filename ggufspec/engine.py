@@ -26,6 +26,7 @@ from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import ModelDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
+from .llama.gguf_info import check_kv_cache_types, kv_cache_type
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
 from .llama.system import check_threads
@@ -43,17 +44,22 @@ class Engine(Closing):
     rpc: llama.cpp RPC servers ("host:port", a list or comma-separated) whose devices take the
     target's layers (-ngl counts them as for a GPU); devices / draft_devices: the device names
     each model may use (llama.cpp's -dev / -devd; [] or "none" for the CPU alone); cpu_moe: a mixture-of-experts
-    target's layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe N; -1: every layer's, --cpu-moe).
+    target's layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe N; -1: every layer's, --cpu-moe);
+    type_k / type_v: both models' KV cache types (llama.cpp's -ctk / -ctv: "f16", "q8_0", ...).
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
-                 remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0):
+                 remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0,
+                 type_k: str = "f16", type_v: str = "f16"):
         check_count(n_ctx, "-c/--ctx-size", 8)
         check_count(n_batch, "-b/--batch-size", 1)
         check_layers(n_gpu_layers, "-ngl/--n-gpu-layers")  # -1: every layer
         check_layers(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft")
         check_threads(n_threads)
+        cache_types = (type_k, type_v)
+        kv_cache_type(type_k, "-ctk/--cache-type-k")
+        kv_cache_type(type_v, "-ctv/--cache-type-v")
         set_verbose(verbose)
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = None
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
@@ -62,12 +68,15 @@ class Engine(Closing):
         try:
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
                                       cpu_moe=cpu_moe)
+            check_kv_cache_types(self.target_model.info, *cache_types)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                      rollback=ROLLBACK_ROWS)
+                                      rollback=ROLLBACK_ROWS, cache_types=cache_types)
             if draft is not None:
                 self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
                 check_compatible(self.target_model, self.draft_model)
-                self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+                check_kv_cache_types(self.draft_model.info, *cache_types)
+                self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                         cache_types=cache_types)
         except BaseException:
             self.close()
             raise

@@ -138,6 +138,17 @@ def test_out_of_range_settings(tiny, args, needle):
     one_line(run("generate", "-m", tiny["target"], "-p", "hi", *args), needle)
 
 
+def test_generate_and_costs_take_llama_cpps_kv_cache_flags(tiny, tmp_path):
+    """-ctv once read as `-c tv` (and plan printed flags generate refused): the flags plan prints run."""
+    from tiny import write_tiny_model
+
+    wide = write_tiny_model(tmp_path / "wide.gguf", n_embd=128)
+    r = run("generate", "-m", wide, "-p", "hi", "-n", 4, "--mode", "target", "-ctk", "q8_0", "-ctv", "q8_0")
+    assert r.exit_code == 0, r.output
+    r = run("costs", "-m", wide, "-c", 256, "--cache-type-k", "q4_0", "--cache-type-v", "q8_0", "--json")
+    assert r.exit_code == 0, r.output
+
+
 def test_prompt_sources_are_exclusive(tiny):
     one_line(run("generate", "-m", tiny["target"], "-p", "a", "--chat", "b"), "exactly one")
     one_line(run("generate", "-m", tiny["target"]), "exactly one")

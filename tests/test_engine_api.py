@@ -133,6 +133,23 @@ def test_draft_min_above_draft_max_names_both(engine):
         engine.generate("hello", draft_min=3, draft_max=2)
 
 
+def test_kv_cache_types_reach_the_context(tmp_path, tiny):
+    """-ctk/-ctv as llama.cpp takes them: a q8_0 cache is about half an f16 one, with the same greedy text here."""
+    from tiny import write_tiny_model
+
+    wide = write_tiny_model(tmp_path / "wide.gguf", n_embd=128)  # head size 32: a q8_0 block divides it
+    kv = {}
+    for types in (("f16", "f16"), ("q8_0", "q8_0")):
+        with Engine(wide, n_ctx=512, type_k=types[0], type_v=types[1], measure=False) as e:
+            kv[types] = (e.target_ctx.buffers["KV"]["CPU"], e.generate("hello", max_tokens=8, mode="target").tokens)
+    assert kv[("q8_0", "q8_0")][0] < 0.6 * kv[("f16", "f16")][0]
+    with pytest.raises(GGUFSpecError, match="-ctk q8_0 stores blocks of 32 values, which do not divide this model's "
+                                            "head size 16; use f16"):
+        Engine(tiny["target"], type_k="q8_0", measure=False)
+    with pytest.raises(GGUFSpecError, match="-ctv/--cache-type-v 'q3' is not a KV cache type llama.cpp knows"):
+        Engine(tiny["target"], type_v="q3", measure=False)
+
+
 @pytest.mark.parametrize("setting, value, needle", [
     ("n_batch", 0, "-b/--batch-size must be at least 1 (got 0)"),
     ("n_ctx", "4096", "-c/--ctx-size must be a whole number (got '4096', str)"),

@@ -251,7 +251,7 @@ def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:
         table(rows, [("model", "model"), ("role", "role"), ("layers", "layers on GPU"), ("gpu", "GPU"), ("cpu", "CPU"),
                      ("kv", "KV cache")]), "",
         f"budget {vram_bytes / gib:.1f} GiB VRAM ({p.gpu_bytes / gib:.1f} used), {ram_bytes / gib:.1f} GiB RAM "
-        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}" + (f", KV cache {p.kv_type}" if p.kv_type != "f16" else "")]
+        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}" + (f", KV cache K {p.type_k}, V {p.type_v}" if (p.type_k, p.type_v) != ("f16", "f16") else "")]
         + ([f"target layers by device: {', '.join(f'{d} {n}' for d, n in p.split.items())} (output layer included)"]
            if p.split else [])
         + [f"flags: {p.flags()}"])

@@ -140,7 +140,9 @@ _FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}"
 
 def _key(ctx: Context) -> str:
     m = ctx.model  # m.stamp: the file's size|mtime when it was loaded (it may be gone since)
-    return (f"{m.path.resolve()}|{m.stamp}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}"
+    types = getattr(ctx, "cache_types", ("f16", "f16"))  # a quantized KV cache decodes at another speed
+    kv = "" if types == ("f16", "f16") else f",kv:{types[0]}/{types[1]}"
+    return (f"{m.path.resolve()}|{m.stamp}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}{kv}"
             f"|{_FORMAT}|machine {machine()['id']}")
 
 
