@@ -204,7 +204,8 @@ def test_kv_cache_type_is_counted_and_named_in_the_flags():
 
 def test_plan_takes_ctk_and_ctv_as_llama_cpp_spells_them(tiny):
     """-ctv once read as `-c tv`; each flag plans its own half of the cache."""
-    for args, flags in ((["-ctv", "q8_0"], " -ctv q8_0"), (["-ctk", "q4_0", "--cache-type-v", "q8_0"], " -ctk q4_0 -ctv q8_0")):
+    for args, flags in ((["-ctv", "q8_0"], " -ctv q8_0"),
+                        (["-ctk", "q4_0", "--cache-type-v", "q8_0"], " -ctk q4_0 -ctv q8_0")):
         r = run("plan", "-m", tiny["target"], "--vram", "1GiB", *args)
         assert r.exit_code == 0 and flags in r.stdout, r.output
     one_line(run("plan", "-m", tiny["target"], "-ctv", "q9_9"), "-ctv 'q9_9' is not a KV cache type", "q8_0")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .options import (cache_type_options, ctx_option, draft_option, int_list, json_option, model_options, moe_option, registry_option, rpc_option,
-                      split_options, target_option, user_errors)
+from .options import (cache_type_options, ctx_option, draft_option, int_list, json_option, model_options, moe_option,
+                      registry_option, rpc_option, split_options, target_option, user_errors)
 
 
 @click.command("costs")

@@ -30,7 +30,8 @@ def kv_cache_type(name: str, flag: str = "-ctk") -> tuple[int, float]:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     if name not in KV_CACHE_TYPES:
-        raise GGUFSpecError(f"{flag} {name!r} is not a KV cache type llama.cpp knows; use one of {', '.join(KV_CACHE_TYPES)}")
+        raise GGUFSpecError(f"{flag} {name!r} is not a KV cache type llama.cpp knows; "
+                            f"use one of {', '.join(KV_CACHE_TYPES)}")
     ggml_type = GGMLQuantizationType[name.upper()]
     block, type_size = GGML_QUANT_SIZES[ggml_type]
     return int(ggml_type), type_size / block

@@ -329,7 +329,8 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
     if vram <= 0 and dvram <= 0:
         return one(ngl, 0), one(ngld, 0), fixed  # nothing to plan: everything stays on the CPU
     p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=None, n_ctx=n_ctx,
-             draft_vram_bytes=draft_vram_bytes, cpu_moe=cpu_moe if ngl == "auto" else fixed, type_k=type_k, type_v=type_v)
+             draft_vram_bytes=draft_vram_bytes, cpu_moe=cpu_moe if ngl == "auto" else fixed, type_k=type_k,
+             type_v=type_v)
     return (one(ngl, p.target.n_gpu_layers), one(ngld, p.draft.n_gpu_layers if p.draft else 0),
             p.target.cpu_moe if ngl == "auto" else fixed)
 
