@@ -110,12 +110,12 @@ class ModelDrafter(Drafter):
         pending = self._sync(history)
         logits = self.ctx.decode(pending, logits="last")[0][: self.n_shared]
         self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
-        picker = Picker(params, noise) if params.greedy or noise is not None else None
+        picker = Picker(params, noise, whose="the draft's") if params.greedy or noise is not None else None
         tokens: list[int] = []
         qs: list[np.ndarray] | None = None if picker else []
         while True:
             t = len(history) + len(tokens)  # the position this token would take
-            q = None if picker is not None else probs_from_logits(logits, params)
+            q = None if picker is not None else probs_from_logits(logits, params, "the draft's")
             unsure = p_min > 0.0 and self._confidence(logits, params, q) < p_min
             if unsure and not (tokens and may_extend is not None and may_extend(len(tokens))):
                 break
@@ -135,7 +135,7 @@ class ModelDrafter(Drafter):
         """The draft's probability of its likeliest token (q: the shaped distribution, where already built)."""
         if q is not None:
             return float(q.max())
-        return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params).max())
+        return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params, "the draft's").max())
 
 
 class LookupDrafter(Drafter):

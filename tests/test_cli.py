@@ -149,6 +149,20 @@ def test_generate_and_costs_take_llama_cpps_kv_cache_flags(tiny, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.parametrize("args", [["--mode", "target"], ["-md", "close", "--mode", "draft", "--temp", "0.8"]])
+def test_a_model_whose_weights_are_nan_is_one_line(tiny, tmp_path, args):
+    """It once wrote token 0 forever (greedy), or accepted the draft's tokens with numpy's RuntimeWarning (sampled)."""
+    import warnings
+
+    from tiny import write_tiny_model
+
+    nan = write_tiny_model(tmp_path / "nan.gguf", logit_scale=float("nan"))
+    args = [tiny["close"] if a == "close" else a for a in args]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one_line(run("generate", "-m", nan, "-p", "hi", "-n", 8, *args), "the target's logits are not finite")
+
+
 def test_prompt_sources_are_exclusive(tiny):
     one_line(run("generate", "-m", tiny["target"], "-p", "a", "--chat", "b"), "exactly one")
     one_line(run("generate", "-m", tiny["target"]), "exactly one")
