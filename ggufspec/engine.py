@@ -20,9 +20,9 @@ import numpy as np
 from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
 from .llama.recurrent import ROLLBACK_ROWS
-from .llama.runtime import set_verbose
+from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible
-from .core import MODES, Stats  # noqa: F401  (Stats: part of the API)
+from .core import DRAFTING_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import ModelDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
@@ -188,6 +188,10 @@ class Engine(Closing):
                 raise GGUFSpecError("mode 'draft-alone' needs a draft model (-md DRAFT)")
             return Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None,
                               Verification(tie_margin=s.tie_margin), 0)
+        if s.mode in DRAFTING_MODES and self.target_ctx.n_batch < 2:  # speculative.draft_max leaves no draft room
+            warn_once(f"ggufspec: -b/--batch-size {self.target_ctx.n_batch} leaves no room to verify a draft (the "
+                      f"target decodes [last] + draft as one batch): --mode {s.mode} runs as the target alone; use -b 2 "
+                      "or more")
         verification = self.verification(s.exact, s.tie_margin)
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:

@@ -163,6 +163,12 @@ def test_a_model_whose_weights_are_nan_is_one_line(tiny, tmp_path, args):
         one_line(run("generate", "-m", nan, "-p", "hi", "-n", 8, *args), "the target's logits are not finite")
 
 
+def test_a_batch_of_one_says_that_it_switches_drafting_off(tiny):
+    r = run("generate", "-m", tiny["target"], "-md", tiny["close"], "-p", "hi", "-n", 8, "-b", 1, "--mode", "draft")
+    assert r.exit_code == 0 and "-b/--batch-size 1 leaves no room to verify a draft" in r.stderr, r.output
+    assert "--mode draft runs as the target alone; use -b 2 or more" in r.stderr
+
+
 def test_prompt_sources_are_exclusive(tiny):
     one_line(run("generate", "-m", tiny["target"], "-p", "a", "--chat", "b"), "exactly one")
     one_line(run("generate", "-m", tiny["target"]), "exactly one")
