@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .llama.backend import Context, LlamaModel, Model
+from .llama.gguf_info import read_info
 from .llama.runtime import LlamaDraftModel
 from .core import LLAMA_MODES, Draft, Round
 from .auto import make_drafter
@@ -65,6 +66,8 @@ class GGUFDraftModel(LlamaDraftModel):
         self.model = self.ctx = None
         reg = load_registry(registry)
         target_path = resolve_model(str(target), reg, offline=offline) if target is not None else None
+        if target_path is not None and read_info(target_path).keeps_state:  # refused from its header, before it loads
+            raise cannot_rewind(target_path)
         try:
             if mode != "lookup":
                 self.model = Model(resolve_model(str(draft), reg, offline=offline), n_gpu_layers=n_gpu_layers, role="draft")
@@ -105,8 +108,7 @@ class GGUFDraftModel(LlamaDraftModel):
         borrowed = Context.of_llama(llama)
         if not borrowed.cuttable:  # Llama rewinds a rejected draft with a partial seq_rm, which such a memory refuses
             borrowed.close()
-            raise GGUFSpecError(f"{target.path}: a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot "
-                                "rewind after a rejected draft; speculate on it with ggufspec's Engine or `ggufspec generate`")
+            raise cannot_rewind(target.path)
         # only a Llama this draft can serve is changed: a refused one keeps generating alone
         if llama.draft_model is not self:  # a draft given after construction: Llama then needs every row's logits
             llama.draft_model, llama._logits_all = self, True
@@ -185,6 +187,11 @@ class GGUFDraftModel(LlamaDraftModel):
 
     def __del__(self):
         self.close()
+
+
+def cannot_rewind(path) -> GGUFSpecError:
+    return GGUFSpecError(f"{path}: a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot rewind "
+                         "after a rejected draft; speculate on it with ggufspec's Engine or `ggufspec generate`")
 
 
 def _room(llama) -> int | None:

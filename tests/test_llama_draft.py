@@ -263,3 +263,17 @@ def test_settings_that_llama_cpp_cannot_take_name_themselves(tiny, setting, valu
     with pytest.raises(GGUFSpecError) as e:
         GGUFDraftModel(tiny["close"], mode="draft", **{setting: value})
     assert str(e.value) == needle
+
+
+def test_recurrent_and_hybrid_targets_are_known_from_their_headers(tiny, tmp_path):
+    from tiny import write_tiny_hybrid, write_tiny_mamba2, write_tiny_moe
+
+    from ggufspec.llama.gguf_info import read_info
+
+    for path in (write_tiny_hybrid(tmp_path / "lfm2.gguf", "lfm2"), write_tiny_mamba2(tmp_path / "mamba2.gguf"),
+                 write_tiny_hybrid(tmp_path / "granite.gguf", "granitehybrid")):
+        assert read_info(path).keeps_state, path
+        with pytest.raises(GGUFSpecError, match="a recurrent or hybrid model"):
+            GGUFDraftModel(tiny["close"], target=path, mode="draft")
+    for path in (tiny["target"], write_tiny_moe(tmp_path / "moe.gguf")):
+        assert not read_info(path).keeps_state, path

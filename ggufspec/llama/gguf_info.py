@@ -80,6 +80,7 @@ class GGUFInfo:
     n_expert: int = 0  # a mixture of experts: experts per layer (0: dense)
     n_expert_used: int = 0  # ... and experts per token
     kv_layers: tuple[int, ...] | None = None  # the layers with a KV cache (a hybrid's attention layers); None: all
+    keeps_state: bool = False  # recurrent or hybrid: a state that cannot be cut back like a KV cache
 
     @property
     def experts(self) -> tuple[int, int] | None:
@@ -301,4 +302,16 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
         n_expert=arch_int("expert_count"),
         n_expert_used=arch_int("expert_used_count"),
         kv_layers=kv_layers,
+        keeps_state=_keeps_state(fields, arch, kv_layers, arch_int("block_count")),
     )
+
+
+# Keys only recurrent layers have: Mamba's SSM, LFM2's short convolution, RWKV's WKV (llama.cpp's llm_kv names).
+STATE_KEYS = (".ssm.", ".shortconv.", ".wkv.", ".time_mix_extra_dim", ".token_shift_count")
+
+
+def _keeps_state(fields: dict, arch: str, kv_layers, n_layers: int) -> bool:
+    """Whether the header describes a recurrent or hybrid model (llama.cpp's llama_model_is_recurrent/_hybrid, read
+    before loading): keys of recurrent layers, or layers without KV heads."""
+    own = [k for k in fields if k.startswith(arch + ".")]
+    return any(marker in k for k in own for marker in STATE_KEYS) or (kv_layers is not None and len(kv_layers) < n_layers)
