@@ -14,6 +14,11 @@ import numpy as np
 
 from .errors import GGUFSpecError
 
+def plural(n, noun: str) -> str:
+    """'1 thread', '2 threads' (n may be the count or its text)."""
+    return f"{n} {noun}" if str(n) == "1" else f"{n} {noun}s"
+
+
 CHAT_ROLES = ("system", "user", "assistant", "tool")  # what chat templates render; Qwen2.5's drops any other silently
 
 

@@ -169,6 +169,11 @@ def test_a_batch_of_one_says_that_it_switches_drafting_off(tiny):
     assert "--mode draft runs as the target alone; use -b 2 or more" in r.stderr
 
 
+def test_one_thread_is_singular(tiny):
+    r = run("costs", "-m", tiny["target"], "-c", 64, "-t", 1)
+    assert r.exit_code == 0 and "1 thread:" in r.stdout, r.output
+
+
 def test_prompt_sources_are_exclusive(tiny):
     one_line(run("generate", "-m", tiny["target"], "-p", "a", "--chat", "b"), "exactly one")
     one_line(run("generate", "-m", tiny["target"]), "exactly one")

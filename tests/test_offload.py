@@ -163,7 +163,10 @@ def test_tune_measures_around_the_plan_and_writes_the_pair_defaults(tiny, tmp_pa
 
 def test_plan_ram_messages(tiny):
     one_line(run("plan", "-m", tiny["target"], "--ram", "lots"), "--ram 'lots' is not a size")
-    one_line(run("plan", "-m", tiny["target"], "--ram", "0"), "needs", "RAM")
+    line = one_line(run("plan", "-m", tiny["target"], "--ram", "0"), "needs", "MiB of RAM", "MiB missing")
+    assert "0.0 GiB" not in line  # a tiny model's sizes in MiB, not rounded away
+    r = run("plan", "-m", tiny["target"], "--vram", "37MiB", "--ram", "1GiB")
+    assert r.exit_code == 0 and "budget 37 MiB VRAM (" in r.stdout and "1.0 GiB RAM" in r.stdout, r.output
     assert np  # numpy imported for the fixtures' sake
 
 

@@ -259,11 +259,16 @@ def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_b
              type_k, type_v)
     if ram_bytes is not None and p.cpu_bytes > ram_bytes:
         raise GGUFSpecError(
-            f"this plan needs {p.cpu_bytes / GiB:.1f} GiB of RAM beside {p.gpu_bytes / GiB:.1f} GiB of VRAM, but the machine "
-            f"has {ram_bytes / GiB:.1f} GiB: {(p.cpu_bytes - ram_bytes) / GiB:.1f} GiB missing; use a smaller quantisation, "
+            f"this plan needs {size_text(p.cpu_bytes)} of RAM beside {size_text(p.gpu_bytes)} of VRAM, but the machine "
+            f"has {size_text(ram_bytes)}: {size_text(p.cpu_bytes - ram_bytes)} missing; use a smaller quantisation, "
             "a smaller -c, or more VRAM"
         )
     return p
+
+
+def size_text(n_bytes: int) -> str:
+    """A size as people read it: GiB from 1 GiB up, MiB below it (where "0.0 GiB" would say nothing)."""
+    return f"{n_bytes / GiB:.1f} GiB" if abs(n_bytes) >= GiB else f"{n_bytes / MiB:.0f} MiB"
 
 
 def parse_size(text: str, flag: str = "--vram") -> int:
@@ -319,7 +324,7 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
         fits = _place(t, "target", vram_bytes, n_ctx, _moe_layers(cpu_moe, t)).n_gpu_layers
         wanted = t.n_layers + 1 if ngl == "all" else min(int(ngl), t.n_layers + 1)
         if wanted > fits:
-            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {vram_bytes / GiB:.1f} GiB free, "
+            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {size_text(vram_bytes)} free, "
                                 f"room for {fits} of its {t.n_layers + 1} layers; use -ngl {fits} or -ngl auto, or add a server")
     fixed = cpu_moe or 0
     if "auto" not in (ngl, ngld):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ggufspec.errors import GGUFSpecError
-from ggufspec.text import TextAssembler, check_chat_roles, find_stop
+from ggufspec.text import TextAssembler, check_chat_roles, find_stop, plural
 
 # token id -> bytes; "é" is split over tokens 3 and 4, token 9 ends generation
 PIECES = {0: b"he", 1: b"llo", 2: b" wor", 3: b"\xc3", 4: b"\xa9", 5: b"ld", 6: b"!", 7: b"EN", 8: b"D", 9: b""}
@@ -66,6 +66,11 @@ def test_find_stop_looks_only_where_a_stop_could_end_after_since():
     assert find_stop("abcEND", ("END",), 4) == 3  # the stop string began before `since`, ends after it
     assert find_stop("ENDabc", ("END",), 5) == -1  # it ended before `since`: found earlier, not again
     assert find_stop("xxAAyyB", ("B", "AA"), 0) == 2  # the earliest of several
+
+
+def test_counts_read_as_people_say_them():
+    assert (plural(1, "thread"), plural(2, "thread"), plural("1", "chunk package")) == ("1 thread", "2 threads",
+                                                                                      "1 chunk package")
 
 
 def test_chat_roles_a_template_would_drop_are_named():
