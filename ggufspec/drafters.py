@@ -124,12 +124,12 @@ def draft_tokens(logits: np.ndarray, next_logits: Callable[[int], np.ndarray], n
     at draft_max, or at the first token the drafter is less sure of than p_min, unless may_extend(k) says a
     draft of k + 1 tokens verifies no dearer than one of k: then the unsure token goes too, and the draft stops
     after it. Returns the tokens and, for sampled drafts, q of each (padded with 0 to the target's n_vocab)."""
-    picker = Picker(params, noise) if params.greedy or noise is not None else None
+    picker = Picker(params, noise, whose="the draft's") if params.greedy or noise is not None else None
     tokens: list[int] = []
     qs: list[np.ndarray] | None = None if picker else []
     while True:
         t = n_history + len(tokens)  # the position this token would take
-        q = None if picker is not None else probs_from_logits(logits, params)
+        q = None if picker is not None else probs_from_logits(logits, params, "the draft's")
         unsure = p_min > 0.0 and confidence(logits, params, q) < p_min
         if unsure and not (tokens and may_extend is not None and may_extend(len(tokens))):
             break
@@ -149,7 +149,7 @@ def confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None 
     """The drafter's probability of its likeliest token (q: the shaped distribution, where already built)."""
     if q is not None:
         return float(q.max())
-    return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params).max())
+    return max_prob(logits) if params.greedy else float(probs_from_logits(logits, params, "the draft's").max())
 
 
 class HeadDrafter(Drafter):

@@ -22,15 +22,17 @@ from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
 from .llama.heads import MtpHead, check_mtp
 from .llama.recurrent import ROLLBACK_ROWS
-from .llama.runtime import set_verbose
+from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible
-from .core import DRAFT_ALONE_MODES, MODES, MTP_MODES, Stats  # noqa: F401  (Stats: part of the API)
+from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, MODES, MTP_MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import HeadDrafter, ModelDrafter
-from .errors import GGUFSpecError, check_count, exactly_one
+from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
+from .llama.gguf_info import check_kv_cache_types, kv_cache_type
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
 from .llama.system import check_threads
+from .text import check_chat_roles
 from .verification import Verification
 
 __all__ = ["Engine", "GenerationSettings", "Chunk", "Result", "Stats", "MODES"]
@@ -44,19 +46,23 @@ class Engine(Closing):
     rpc: llama.cpp RPC servers ("host:port", a list or comma-separated) whose devices take the
     target's layers (-ngl counts them as for a GPU); devices / draft_devices: the device names
     each model may use (llama.cpp's -dev / -devd; [] or "none" for the CPU alone); cpu_moe: a mixture-of-experts
-    target's layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe N; -1: every layer's, --cpu-moe).
+    target's layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe N; -1: every layer's, --cpu-moe);
+    type_k / type_v: both models' KV cache types (llama.cpp's -ctk / -ctv: "f16", "q8_0", ...).
     mtp: load the target's MTP (NextN) layers, where its GGUF has them, for mode "mtp" and auto (default: True).
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
                  remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0,
-                 mtp: bool = True):
+                 type_k: str = "f16", type_v: str = "f16", mtp: bool = True):
         check_count(n_ctx, "-c/--ctx-size", 8)
         check_count(n_batch, "-b/--batch-size", 1)
-        check_count(n_gpu_layers, "-ngl/--n-gpu-layers", -1)  # -1: every layer
-        check_count(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft", -1)
+        check_layers(n_gpu_layers, "-ngl/--n-gpu-layers")  # -1: every layer
+        check_layers(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft")
         check_threads(n_threads)
+        cache_types = (type_k, type_v)
+        kv_cache_type(type_k, "-ctk/--cache-type-k")
+        kv_cache_type(type_v, "-ctv/--cache-type-v")
         set_verbose(verbose)
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = self.mtp_head = None
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
@@ -65,14 +71,17 @@ class Engine(Closing):
         try:
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
                                       cpu_moe=cpu_moe, mtp=bool(mtp))
+            check_kv_cache_types(self.target_model.info, *cache_types)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                      rollback=ROLLBACK_ROWS)
+                                      rollback=ROLLBACK_ROWS, cache_types=cache_types)
             if self.target_model.mtp_loaded:
                 self.mtp_head = MtpHead(self.target_ctx)
             if draft is not None:
                 self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
                 check_compatible(self.target_model, self.draft_model)
-                self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+                check_kv_cache_types(self.draft_model.info, *cache_types)
+                self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                         cache_types=cache_types)
         except BaseException:
             self.close()
             raise
@@ -98,6 +107,7 @@ class Engine(Closing):
 
     def weights(self) -> dict:
         """Where llama.cpp put each model's weights, as it reported it: {role: {buffer: MiB}}."""
+        self._check_open()
         out = {"target": self.target_model.buffers}
         if self.draft_model is not None:
             out["draft"] = self.draft_model.buffers
@@ -105,6 +115,7 @@ class Engine(Closing):
 
     def cost_report(self) -> dict:
         """What `ggufspec costs` prints: the measured table, the ceiling, where each drafter pays."""
+        self._check_open()
         v = self.verification()
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
                 "threads": self.target_ctx.n_threads, "exact": v.exact,
@@ -112,6 +123,7 @@ class Engine(Closing):
 
     @property
     def n_ctx(self) -> int:
+        self._check_open()
         return self.target_ctx.n_ctx
 
     # -- prompts ------------------------------------------------------------------------------
@@ -121,7 +133,9 @@ class Engine(Closing):
         encoding) or chat messages (through the GGUF's template)."""
         self._check_open()
         if exactly_one({"a prompt": prompt, "chat messages": messages}) == "chat messages":
-            tokens = self.target_model.tokenize_chat(check_messages(messages))
+            messages = check_messages(messages)
+            check_chat_roles(messages)
+            tokens = self.target_model.tokenize_chat(messages)
         elif isinstance(prompt, (str, bytes)):
             tokens = self.target_model.tokenize(prompt)
         else:
@@ -129,7 +143,15 @@ class Engine(Closing):
                                 "token ids go in prompt_tokens=")
         return self._check_prompt(tokens)
 
-    def _check_prompt(self, tokens: list[int]) -> list[int]:
+    def _check_prompt(self, tokens) -> list[int]:
+        """Token ids as a list (from a list, tuple, range or numpy array of ints), checked against this model."""
+        if isinstance(tokens, np.ndarray) and tokens.ndim == 1:
+            tokens = tokens.tolist()
+        elif isinstance(tokens, (list, tuple, range)):
+            tokens = list(tokens)
+        else:
+            shape = f"an array of shape {tokens.shape}" if isinstance(tokens, np.ndarray) else type(tokens).__name__
+            raise GGUFSpecError(f"prompt_tokens must be a flat list or array of token ids (got {shape})")
         if not tokens:
             raise GGUFSpecError("the prompt is empty; give some text")
         n_vocab = self.target_model.n_vocab
@@ -172,6 +194,10 @@ class Engine(Closing):
                 raise GGUFSpecError(f"mode {s.mode!r} needs a draft model (-md DRAFT)")
             return Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None,
                               Verification(tie_margin=s.tie_margin), 0)
+        if s.mode in DRAFTING_MODES and self.target_ctx.n_batch < 2:  # speculative.draft_max leaves no draft room
+            warn_once(f"ggufspec: -b/--batch-size {self.target_ctx.n_batch} leaves no room to verify a draft (the "
+                      f"target decodes [last] + draft as one batch): --mode {s.mode} runs as the target alone; use -b 2 "
+                      "or more")
         verification = self.verification(s.exact, s.tie_margin)
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:

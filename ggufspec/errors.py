@@ -26,6 +26,19 @@ def check_count(value, name: str, minimum: int) -> int:
     return value
 
 
+LAYERS_MAX = 2**31 - 1  # llama_model_params.n_gpu_layers is an int32_t: a larger count would wrap
+
+
+def check_layers(value, name: str) -> int:
+    """A layer count as llama.cpp takes it (-ngl, -ngld): a whole number from -1 (every layer) to LAYERS_MAX,
+    else one GGUFSpecError naming the setting; the CLI's flags and the API's settings share this rule."""
+    check_count(value, name, -1)
+    if value > LAYERS_MAX:
+        raise GGUFSpecError(f"{name} must be at most {LAYERS_MAX}, llama.cpp's largest layer count (got {value}); "
+                            "use 'all' (or -1) for every layer")
+    return value
+
+
 def exactly_one(given: dict) -> str:
     """The one check that a caller gave exactly one of several alternatives (a prompt, chat messages or
     prompt tokens; -p, -f or --chat): `given` maps each alternative's name, as the caller knows it, to its

@@ -21,12 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from .llama.backend import Context, Model
+from .llama.gguf_info import read_info
 from .llama.vocab import LlamaModel
 from .llama.runtime import LlamaDraftModel
 from .core import LLAMA_MODES, MTP_MODES, Draft, Round
 from .auto import make_drafter
 from .drafters import LookupDrafter, ModelDrafter
-from .errors import GGUFSpecError, check_count
+from .errors import GGUFSpecError, check_count, check_layers
 from .sampling import SamplingParams
 from .llama.system import check_threads
 from .verification import Verification
@@ -63,7 +64,7 @@ class GGUFDraftModel(LlamaDraftModel):
         check_count(n_ctx, "n_ctx", 8)
         check_count(n_batch, "n_batch", 1)
         check_count(num_pred_tokens, "num_pred_tokens", 1)
-        check_count(n_gpu_layers, "n_gpu_layers", -1)  # -1: every layer
+        check_layers(n_gpu_layers, "n_gpu_layers")  # -1: every layer
         check_threads(n_threads, "n_threads")
         if draft is None and mode != "lookup":
             raise GGUFSpecError(f"mode {mode!r} needs a draft model (a .gguf path or a registry name)")
@@ -71,6 +72,8 @@ class GGUFDraftModel(LlamaDraftModel):
         self.model = self.ctx = None
         reg = load_registry(registry)
         target_path = resolve_model(str(target), reg, offline=offline) if target is not None else None
+        if target_path is not None and read_info(target_path).keeps_state:  # refused from its header, before it loads
+            raise cannot_rewind(target_path)
         try:
             if mode != "lookup":
                 self.model = Model(resolve_model(str(draft), reg, offline=offline), n_gpu_layers=n_gpu_layers, role="draft")
@@ -108,14 +111,14 @@ class GGUFDraftModel(LlamaDraftModel):
         if self.model is not None:
             check_compatible(target, self.model)
             self.model_drafter = ModelDrafter(self.ctx, target_n_vocab=target.n_vocab)
-        if llama.draft_model is not self:  # a draft given after construction: Llama then needs every row's logits
-            llama.draft_model, llama._logits_all = self, True
-        _make_room_for_logits(llama)
         borrowed = Context.of_llama(llama)
         if not borrowed.cuttable:  # Llama rewinds a rejected draft with a partial seq_rm, which such a memory refuses
             borrowed.close()
-            raise GGUFSpecError(f"{target.path}: a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot "
-                                "rewind after a rejected draft; speculate on it with ggufspec's Engine or `ggufspec generate`")
+            raise cannot_rewind(target.path)
+        # only a Llama this draft can serve is changed: a refused one keeps generating alone
+        if llama.draft_model is not self:  # a draft given after construction: Llama then needs every row's logits
+            llama.draft_model, llama._logits_all = self, True
+        _make_room_for_logits(llama)
         try:
             self.costs = costs_for(borrowed, self.ctx)
         finally:
@@ -190,6 +193,11 @@ class GGUFDraftModel(LlamaDraftModel):
 
     def __del__(self):
         self.close()
+
+
+def cannot_rewind(path) -> GGUFSpecError:
+    return GGUFSpecError(f"{path}: a recurrent or hybrid model, whose state llama-cpp-python's Llama cannot rewind "
+                         "after a rejected draft; speculate on it with ggufspec's Engine or `ggufspec generate`")
 
 
 def _room(llama) -> int | None:

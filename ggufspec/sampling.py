@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import GGUFSpecError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -37,9 +39,18 @@ def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
+def not_finite(whose: str) -> GGUFSpecError:
+    """The one line for a row of logits holding NaN or infinity (weights that are NaN: a damaged file)."""
+    return GGUFSpecError(f"{whose} logits are not finite numbers (NaN or infinity): its weights are damaged or overflow "
+                         "on this build; download the file again, or try another quantisation")
+
+
+def softmax(logits: np.ndarray, whose: str = "the model's") -> np.ndarray:
     x = logits.astype(np.float64, copy=True)
-    x -= x.max()
+    top = x.max()
+    if not np.isfinite(top):  # any NaN makes the max NaN: the check costs no pass of its own
+        raise not_finite(whose)
+    x -= top
     np.exp(x, out=x)
     x /= x.sum()
     return x
@@ -72,14 +83,14 @@ def tempered_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     untempered distribution; dropped tokens -inf), then the temperature over the survivors. The
     maximum is subtracted before dividing, so a tiny temperature gives -inf, never inf - inf."""
     x = _shaped(logits, params).astype(np.float64, copy=True)
-    x -= x.max()
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # a row holding NaN or inf turns all -inf: softmax names it
+        x -= x.max()
         x /= params.temperature
     x[np.isnan(x)] = -np.inf  # -inf / tiny
     return x
 
 
-def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+def probs_from_logits(logits: np.ndarray, params: SamplingParams, whose: str = "the target's") -> np.ndarray:
     """The distribution a sampler draws from, over the whole vocabulary (float64, sums to 1).
 
     Filters run in llama.cpp's order: top-k, top-p, min-p on the untempered distribution,
@@ -88,9 +99,12 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     logits = np.asarray(logits)
     if params.greedy:
         out = np.zeros(logits.shape[-1])
-        out[int(np.argmax(logits))] = 1.0
+        top = int(np.argmax(logits))  # the first NaN where there is one
+        if not np.isfinite(logits[top]):
+            raise not_finite(whose)
+        out[top] = 1.0
         return out
-    return softmax(tempered_logits(logits, params))
+    return softmax(tempered_logits(logits, params), whose)
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
@@ -228,8 +242,8 @@ class Picker:
     position t0 predicts position t0 + i. Verification compares these picks with the draft; a batched
     row whose best two are within `margin` logits is a near-tie."""
 
-    def __init__(self, params: SamplingParams, noise: PositionNoise | None = None):
-        self.params = params
+    def __init__(self, params: SamplingParams, noise: PositionNoise | None = None, whose: str = "the target's"):
+        self.params, self.whose = params, whose
         self.noise = None if params.greedy else noise
         self._shaped = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
         t = params.temperature
@@ -251,7 +265,16 @@ class Picker:
         return out
 
     def pick(self, row: np.ndarray, t: int) -> int:
-        return int(np.argmax(self.scores(row, t)))
+        s = self.scores(row, t)
+        pick = int(np.argmax(s))
+        self._check(s[pick])
+        return pick
+
+    def _check(self, score) -> None:
+        """argmax picks a row's first NaN (a NaN in the row makes the coupled score NaN too), so the picked score alone
+        tells a row that is not finite: one number, not another pass over the vocabulary."""
+        if not np.isfinite(score):
+            raise not_finite(self.whose)
 
     def judge(self, rows: np.ndarray, t0: int, margin: float | None = None) -> tuple[list[int], list[float | None]]:
         """Each row's pick, and (with a margin) the top-2 gap in logits of each row whose runner-up is within
@@ -262,6 +285,7 @@ class Picker:
         for i, row in enumerate(rows):
             s = self.scores(row, t0 + i)
             pick = int(np.argmax(s))
+            self._check(s[pick])
             picks.append(pick)
             tied = margin is not None and np.count_nonzero(s >= s[pick] - margin * self._unit) > 1
             gaps.append(top2_gap(s) / self._unit if tied else None)

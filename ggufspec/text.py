@@ -14,6 +14,11 @@ import numpy as np
 
 from .errors import GGUFSpecError
 
+def plural(n, noun: str) -> str:
+    """'1 thread', '2 threads' (n may be the count or its text)."""
+    return f"{n} {noun}" if str(n) == "1" else f"{n} {noun}s"
+
+
 # The roles chat templates render (OpenAI's, which GGUF templates follow); a template drops or refuses others.
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 

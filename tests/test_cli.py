@@ -131,9 +131,47 @@ def test_context_fills_mid_generation(tiny):
     (["--mode", "draft"], "draft model"),
     (["-ngl", "-3"], "negative"),
     (["-ngl", "lots"], "layer count"),
+    (["-ngl", str(2**32)], "must be at most 2147483647"),  # through the 32-bit field it would offload nothing
+    (["-ngld", str(2**32 + 1)], "must be at most 2147483647"),
 ])
 def test_out_of_range_settings(tiny, args, needle):
     one_line(run("generate", "-m", tiny["target"], "-p", "hi", *args), needle)
+
+
+def test_generate_and_costs_take_llama_cpps_kv_cache_flags(tiny, tmp_path):
+    """-ctv once read as `-c tv` (and plan printed flags generate refused): the flags plan prints run."""
+    from tiny import write_tiny_model
+
+    wide = write_tiny_model(tmp_path / "wide.gguf", n_embd=128)
+    r = run("generate", "-m", wide, "-p", "hi", "-n", 4, "--mode", "target", "-ctk", "q8_0", "-ctv", "q8_0")
+    assert r.exit_code == 0, r.output
+    r = run("costs", "-m", wide, "-c", 256, "--cache-type-k", "q4_0", "--cache-type-v", "q8_0", "--json")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args", [["--mode", "target"], ["-md", "close", "--mode", "draft", "--temp", "0.8"]])
+def test_a_model_whose_weights_are_nan_is_one_line(tiny, tmp_path, args):
+    """It once wrote token 0 forever (greedy), or accepted the draft's tokens with numpy's RuntimeWarning (sampled)."""
+    import warnings
+
+    from tiny import write_tiny_model
+
+    nan = write_tiny_model(tmp_path / "nan.gguf", logit_scale=float("nan"))
+    args = [tiny["close"] if a == "close" else a for a in args]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one_line(run("generate", "-m", nan, "-p", "hi", "-n", 8, *args), "the target's logits are not finite")
+
+
+def test_a_batch_of_one_says_that_it_switches_drafting_off(tiny):
+    r = run("generate", "-m", tiny["target"], "-md", tiny["close"], "-p", "hi", "-n", 8, "-b", 1, "--mode", "draft")
+    assert r.exit_code == 0 and "-b/--batch-size 1 leaves no room to verify a draft" in r.stderr, r.output
+    assert "--mode draft runs as the target alone; use -b 2 or more" in r.stderr
+
+
+def test_one_thread_is_singular(tiny):
+    r = run("costs", "-m", tiny["target"], "-c", 64, "-t", 1)
+    assert r.exit_code == 0 and "1 thread:" in r.stdout, r.output
 
 
 def test_prompt_sources_are_exclusive(tiny):

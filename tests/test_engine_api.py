@@ -4,6 +4,7 @@ stop strings, a closed engine. Each bad input is one GGUFSpecError (or one line 
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from clirun import TIMEOUT, one_line, run
@@ -46,6 +47,16 @@ def test_a_stream_superseded_by_a_later_generation_says_so(engine):
     assert len(engine.generate("hello world", max_tokens=30, ignore_eos=True).tokens) == 30  # and the engine works
 
 
+def test_prompt_tokens_as_a_numpy_array_or_a_tuple(engine):
+    reference = engine.generate(prompt_tokens=[5, 6, 7], max_tokens=6, ignore_eos=True).tokens
+    for given in (np.array([5, 6, 7]), np.array([5, 6, 7], dtype=np.int32), (5, 6, 7)):
+        assert engine.generate(prompt_tokens=given, max_tokens=6, ignore_eos=True).tokens == reference
+    with pytest.raises(GGUFSpecError, match=r"flat list or array of token ids \(got an array of shape \(1, 3\)\)"):
+        engine.generate(prompt_tokens=np.array([[5, 6, 7]]))
+    with pytest.raises(GGUFSpecError, match="prompt_tokens holds 5.0"):
+        engine.generate(prompt_tokens=np.array([5.0, 6.0]))
+
+
 def test_prompt_arguments_are_checked(engine):
     with pytest.raises(GGUFSpecError, match="not a token id of this model"):
         engine.generate(prompt_tokens=[1, 2**31])
@@ -63,6 +74,11 @@ def test_chat_messages_of_the_wrong_shape(engine, messages):
         engine.generate(messages=messages, max_tokens=4)
 
 
+def test_a_chat_role_the_template_would_drop_is_refused(engine):
+    with pytest.raises(GGUFSpecError, match=r"messages\[0\]: role 'wizard' is not one chat templates render"):
+        engine.generate(messages=[{"role": "wizard", "content": "abracadabra"}], max_tokens=4)
+
+
 def test_stop_none_and_empty_stop(engine):
     reference = engine.generate("hello", max_tokens=12, ignore_eos=True)
     assert engine.generate("hello", max_tokens=12, ignore_eos=True, stop=None).tokens == reference.tokens
@@ -73,6 +89,9 @@ def test_stop_none_and_empty_stop(engine):
 def test_a_closed_engine_says_so(tiny):
     e = Engine(tiny["target"], n_ctx=64)
     e.close()
+    for read in (e.weights, e.cost_report, lambda: e.n_ctx):  # docs/api.md: GGUFSpecError, not AttributeError
+        with pytest.raises(GGUFSpecError, match="this Engine is closed"):
+            read()
     with pytest.raises(GGUFSpecError, match="this Engine is closed"):
         e.generate("hi", max_tokens=2)
     with pytest.raises(GGUFSpecError, match="this Engine is closed"):
@@ -114,6 +133,23 @@ def test_draft_min_above_draft_max_names_both(engine):
         engine.generate("hello", draft_min=3, draft_max=2)
 
 
+def test_kv_cache_types_reach_the_context(tmp_path, tiny):
+    """-ctk/-ctv as llama.cpp takes them: a q8_0 cache is about half an f16 one, with the same greedy text here."""
+    from tiny import write_tiny_model
+
+    wide = write_tiny_model(tmp_path / "wide.gguf", n_embd=128)  # head size 32: a q8_0 block divides it
+    kv = {}
+    for types in (("f16", "f16"), ("q8_0", "q8_0")):
+        with Engine(wide, n_ctx=512, type_k=types[0], type_v=types[1], measure=False) as e:
+            kv[types] = (e.target_ctx.buffers["KV"]["CPU"], e.generate("hello", max_tokens=8, mode="target").tokens)
+    assert kv[("q8_0", "q8_0")][0] < 0.6 * kv[("f16", "f16")][0]
+    with pytest.raises(GGUFSpecError, match="-ctk q8_0 stores blocks of 32 values, which do not divide this model's "
+                                            "head size 16; use f16"):
+        Engine(tiny["target"], type_k="q8_0", measure=False)
+    with pytest.raises(GGUFSpecError, match="-ctv/--cache-type-v 'q3' is not a KV cache type llama.cpp knows"):
+        Engine(tiny["target"], type_v="q3", measure=False)
+
+
 @pytest.mark.parametrize("setting, value, needle", [
     ("n_batch", 0, "-b/--batch-size must be at least 1 (got 0)"),
     ("n_ctx", "4096", "-c/--ctx-size must be a whole number (got '4096', str)"),
@@ -121,6 +157,8 @@ def test_draft_min_above_draft_max_names_both(engine):
     ("n_gpu_layers", "banana", "-ngl/--n-gpu-layers must be a whole number (got 'banana', str)"),
     ("draft_n_gpu_layers", -2, "-ngld/--n-gpu-layers-draft must be at least -1 (got -2)"),
     ("n_threads", 1.5, "-t/--threads must be a whole number (got 1.5, float)"),
+    ("n_gpu_layers", 2**32, "-ngl/--n-gpu-layers must be at most 2147483647, llama.cpp's largest layer count "
+                            "(got 4294967296); use 'all' (or -1) for every layer"),
 ])
 def test_load_settings_of_the_wrong_type_are_one_error_before_anything_loads(tiny, setting, value, needle):
     with pytest.raises(GGUFSpecError) as e:

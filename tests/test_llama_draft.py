@@ -113,6 +113,19 @@ def test_an_unattached_draft_says_what_to_do(tiny):
     draft.close()
 
 
+def test_a_refused_recurrent_llama_is_left_as_it_was(tiny, tmp_path):
+    """attach refuses a Llama whose model is recurrent before touching it: the Llama still generates alone."""
+    from tiny import write_tiny_hybrid
+
+    draft = GGUFDraftModel(tiny["close"], mode="draft")
+    recurrent = Llama(model_path=str(write_tiny_hybrid(tmp_path / "lfm2.gguf", "lfm2")), n_ctx=256, verbose=False)
+    with pytest.raises(GGUFSpecError, match="a recurrent or hybrid model"):
+        draft.attach(recurrent)
+    assert recurrent.draft_model is None
+    assert recurrent.create_completion("hello", max_tokens=4, temperature=0)["choices"][0]["text"] is not None
+    draft.close()
+
+
 def test_attach_measures_through_the_llamas_own_context_and_loads_no_second_target(tiny):
     """Costs come from the Llama's context (its settings name the cache entry); a draft given after
     construction gets Llama's every-row logits; the text stays Llama's own."""
@@ -250,3 +263,17 @@ def test_settings_that_llama_cpp_cannot_take_name_themselves(tiny, setting, valu
     with pytest.raises(GGUFSpecError) as e:
         GGUFDraftModel(tiny["close"], mode="draft", **{setting: value})
     assert str(e.value) == needle
+
+
+def test_recurrent_and_hybrid_targets_are_known_from_their_headers(tiny, tmp_path):
+    from tiny import write_tiny_hybrid, write_tiny_mamba2, write_tiny_moe
+
+    from ggufspec.llama.gguf_info import read_info
+
+    for path in (write_tiny_hybrid(tmp_path / "lfm2.gguf", "lfm2"), write_tiny_mamba2(tmp_path / "mamba2.gguf"),
+                 write_tiny_hybrid(tmp_path / "granite.gguf", "granitehybrid")):
+        assert read_info(path).keeps_state, path
+        with pytest.raises(GGUFSpecError, match="a recurrent or hybrid model"):
+            GGUFDraftModel(tiny["close"], target=path, mode="draft")
+    for path in (tiny["target"], write_tiny_moe(tmp_path / "moe.gguf")):
+        assert not read_info(path).keeps_state, path

@@ -119,3 +119,16 @@ def test_llama_server_with_an_incompatible_draft_is_one_line_before_the_target_l
     lines = stderr_lines(r.stderr)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert len(lines) <= 2 and "cannot draft for" in lines[-1], r.stderr
+
+
+def test_a_recurrent_target_is_refused_from_its_header_before_it_loads(tiny, tmp_path):
+    """The launcher once loaded the whole target before GGUFDraftModel.attach refused it."""
+    from tiny import write_tiny_hybrid
+
+    lfm2 = write_tiny_hybrid(tmp_path / "lfm2.gguf", "lfm2")
+    r = subprocess.run([sys.executable, "-m", "ggufspec.llama_server", "--model", str(lfm2), "--draft_model",
+                        str(tiny["close"]), "--port", "1", "--verbose", "true"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "a recurrent or hybrid model" in stderr_lines(r.stderr)[-1], r.stderr
+    assert "Model metadata" not in r.stderr  # what a verbose Llama prints once it has loaded the target

@@ -168,3 +168,37 @@ def test_sanity_of_a_table():
     assert not sane([1.0, 2.0], 3.5) and not sane([1.0, 2.0], 0.3)  # the step timed again is another time
     # a tiny model's sub-millisecond steps: jitter of 3x is noise, not a busy machine
     assert sane([0.00005, 0.00002, 0.0001], 0.00016)
+
+
+def test_doctor_on_an_entry_whose_machine_cpu_is_not_text(tiny):
+    from ggufspec.paths import costs_file
+
+    key = f"{tiny['target']}|1|2|t1|ngl0|default|exact@x|b64|machine elsewhere"
+    costs_file().parent.mkdir(parents=True, exist_ok=True)
+    costs_file().write_text(json.dumps({key: {"target_batch_seconds": [0.01], "exact_batch": 1, "machine": {"cpu": [1]}}}))
+    r = run("doctor")
+    assert r.exit_code == 0 and "a machine this version cannot name" in r.output, r.output
+
+
+@pytest.mark.parametrize("content", [b'{"a|machine x": {"target_batch', b"[1, 2]", b"\x00\xff\xfe binary"])
+def test_a_cost_cache_that_cannot_be_read_is_named_and_moved_aside_never_overwritten(tiny, content):
+    """doctor once said "no known problems" and the next run replaced the file with its own entries alone."""
+    from ggufspec.paths import costs_file
+
+    costs_file().parent.mkdir(parents=True, exist_ok=True)
+    costs_file().write_bytes(content)
+    doctor = run("doctor")
+    assert f"the cost cache {costs_file()}" in doctor.output and "none of its measurements can be used" in doctor.output
+    r = run("costs", "-m", tiny["target"], "-c", 64)
+    assert r.exit_code == 0 and "moved it to" in r.stderr, r.output
+    (aside,) = costs_file().parent.glob("costs.json.unreadable-*")
+    assert aside.read_bytes() == content and json.loads(costs_file().read_text())  # kept as it was; a new cache beside
+
+
+def test_a_cost_cache_that_cannot_be_written_is_named(tiny, tmp_path, monkeypatch):
+    """Every run then measures again: doctor says so, and so does the run, once."""
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("GGUFSPEC_COSTS_FILE", str(tmp_path / "a-file" / "costs.json"))
+    assert "cannot be written (Not a directory)" in run("doctor").output
+    r = run("costs", "-m", tiny["target"], "-c", 64)
+    assert r.exit_code == 0 and r.stderr.count("cannot write the cost cache") == 1, r.output

@@ -266,7 +266,10 @@ def test_tune_saves_exactly_the_best_it_reports():
 
 def test_plan_ram_messages(tiny):
     one_line(run("plan", "-m", tiny["target"], "--ram", "lots"), "--ram 'lots' is not a size")
-    one_line(run("plan", "-m", tiny["target"], "--ram", "0"), "needs", "RAM")
+    line = one_line(run("plan", "-m", tiny["target"], "--ram", "0"), "needs", "MiB of RAM", "MiB missing")
+    assert "0.0 GiB" not in line  # a tiny model's sizes in MiB, not rounded away
+    r = run("plan", "-m", tiny["target"], "--vram", "37MiB", "--ram", "1GiB")
+    assert r.exit_code == 0 and "budget 37 MiB VRAM (" in r.stdout and "1.0 GiB RAM" in r.stdout, r.output
     assert np  # numpy imported for the fixtures' sake
 
 
@@ -297,10 +300,30 @@ def test_moe_plan_keeps_as_few_layers_experts_on_the_cpu_as_the_budget_needs():
 
 def test_kv_cache_type_is_counted_and_named_in_the_flags():
     f16 = plan(LLAMA3_70B, None, vram_bytes=24 * GiB, ram_bytes=None, n_ctx=8192)
-    q8 = plan(LLAMA3_70B, None, vram_bytes=24 * GiB, ram_bytes=None, n_ctx=8192, kv_type="q8_0")
+    q8 = plan(LLAMA3_70B, None, vram_bytes=24 * GiB, ram_bytes=None, n_ctx=8192, type_k="q8_0", type_v="q8_0")
     assert q8.target.kv_bytes == int(f16.target.kv_bytes / LLAMA3_70B.n_layers * 34 / 64) * LLAMA3_70B.n_layers
     assert q8.target.n_gpu_layers > f16.target.n_gpu_layers
     assert q8.flags().endswith("-ctk q8_0 -ctv q8_0")
+    k_only = plan(LLAMA3_70B, None, vram_bytes=24 * GiB, ram_bytes=None, n_ctx=8192, type_k="q8_0")
+    assert k_only.flags().endswith("-ctk q8_0") and f16.target.kv_bytes > k_only.target.kv_bytes > q8.target.kv_bytes
+
+
+def test_plan_takes_ctk_and_ctv_as_llama_cpp_spells_them(tiny):
+    """-ctv once read as `-c tv`; each flag plans its own half of the cache."""
+    for args, flags in ((["-ctv", "q8_0"], " -ctv q8_0"),
+                        (["-ctk", "q4_0", "--cache-type-v", "q8_0"], " -ctk q4_0 -ctv q8_0")):
+        r = run("plan", "-m", tiny["target"], "--vram", "1GiB", *args)
+        assert r.exit_code == 0 and flags in r.stdout, r.output
+    one_line(run("plan", "-m", tiny["target"], "-ctv", "q9_9"), "-ctv 'q9_9' is not a KV cache type", "q8_0")
+
+
+def test_a_hybrids_kv_cache_counts_only_its_attention_layers(tmp_path):
+    from tiny import write_tiny_hybrid
+
+    hybrid = sizes_from_info(read_info(write_tiny_hybrid(tmp_path / "lfm2.gguf", "lfm2", layers="rar")))
+    assert hybrid.kv_layers == (1,)
+    p = plan(hybrid, None, vram_bytes=GiB, ram_bytes=None, n_ctx=4096)
+    assert p.target.kv_bytes == hybrid.kv_bytes_per_layer(4096)  # one attention layer of three, not three
 
 
 def test_bad_kv_type_and_expert_counts_are_one_line(tiny):

@@ -10,7 +10,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ..errors import GGUFSpecError
-from ..models.offload import moe_text
+from ..models.offload import moe_text, size_text
+from ..text import plural
 
 
 def table(rows: list[dict], columns: list[tuple[str, str]] | None = None, fmt: str = "simple") -> str:
@@ -202,7 +203,7 @@ def costs_text(out: dict) -> str:
              "gain": f"{n * t1 / s:.2f}x"} for n, s in enumerate(t, 1)]
     lines = [table(rows, [("batch", "tokens in batch"), ("ms", "ms"), ("steps", "target steps"),
                           ("exact", "= one-token decoding"), ("gain", "tokens / steps")]), "",
-             f"{Path(out['target']).name}, {out['threads']} threads: one target step {1000 * t1:.1f} ms"]
+             f"{Path(out['target']).name}, {plural(out['threads'], 'thread')}: one target step {1000 * t1:.1f} ms"]
     if out["draft_token_seconds"]:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
     if out.get("mtp_token_seconds"):
@@ -249,15 +250,15 @@ def rollback_line(r: dict, step: float) -> str:
 
 
 def plan_text(p, vram_bytes: int, ram_bytes: int, n_ctx: int) -> str:
-    gib = 2**30
     rows = [{"model": m.name + (" (estimated)" if m.estimated else ""), "role": m.role,
              "layers": m.layers_on_gpu + (f", experts of {min(m.cpu_moe, m.n_layers)} on CPU" if m.cpu_moe else ""),
              "gpu": mib(m.gpu_bytes), "cpu": mib(m.cpu_bytes), "kv": mib(m.kv_bytes)} for m in (p.target, p.draft) if m]
     return "\n".join([
         table(rows, [("model", "model"), ("role", "role"), ("layers", "layers on GPU"), ("gpu", "GPU"), ("cpu", "CPU"),
                      ("kv", "KV cache")]), "",
-        f"budget {vram_bytes / gib:.1f} GiB VRAM ({p.gpu_bytes / gib:.1f} used), {ram_bytes / gib:.1f} GiB RAM "
-        f"({p.cpu_bytes / gib:.1f} used); context {n_ctx}" + (f", KV cache {p.kv_type}" if p.kv_type != "f16" else "")]
+        f"budget {size_text(vram_bytes)} VRAM ({size_text(p.gpu_bytes)} used), {size_text(ram_bytes)} RAM "
+        f"({size_text(p.cpu_bytes)} used); context {n_ctx}"
+        + (f", KV cache K {p.type_k}, V {p.type_v}" if (p.type_k, p.type_v) != ("f16", "f16") else "")]
         + ([f"target layers by device: {', '.join(f'{d} {n}' for d, n in p.split.items())} (output layer included)"]
            if p.split else [])
         + [f"flags: {p.flags()}"])
@@ -299,7 +300,7 @@ def doctor_text(r: dict) -> str:
     lines = [f"python          {r['python']}",
              f"llama-cpp-python {r['llama_cpp_python']}: {', '.join(r['build_features']) or '-'}",
              f"CPU             {r['cpu']} ({', '.join(r['cpu_features']) or 'no SIMD flags read'}); "
-             f"{r['threads']} threads used of {r['logical_cpus']}",
+             f"{plural(r['threads'], 'thread')} used of {r['logical_cpus']}",
              "devices:"]
     for d in r["devices"]:
         lines.append(f"  {d['name']:<10} {d['type']:<6} {d['description']}  "
@@ -310,7 +311,7 @@ def doctor_text(r: dict) -> str:
         lines.append("measured costs on this machine:")
         for c in r["costs"]:
             where = "" if c["placement"] == "default" else f", devices {c['placement']}"
-            lines.append(f"  {Path(c['model']).name} ({c['threads']} threads, -ngl {c['n_gpu_layers']}{where}): "
+            lines.append(f"  {Path(c['model']).name} ({plural(c['threads'], 'thread')}, -ngl {c['n_gpu_layers']}{where}): "
                          f"target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
                          f"{c['exact_batch']}{_up_to(c)}, ceiling {c['ceiling_speedup']:.2f}x")
             if c.get("mtp_step_seconds"):

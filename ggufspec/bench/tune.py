@@ -39,6 +39,8 @@ class TuneSettings:
     step: int = 4  # -ngl (or --n-cpu-moe) values tried: plan - step, plan, plan + step
     vram_bytes: int | None = None  # None: the free memory llama.cpp reports (the RPC servers' with rpc)
     rpc: str | None = None
+    type_k: str = "f16"  # the KV caches' types (-ctk, -ctv)
+    type_v: str = "f16"
 
 
 @dataclass
@@ -86,7 +88,8 @@ def placements(target: Path, draft: Path | None, s: TuneSettings) -> Grid:
     if not (supports_gpu_offload() and vram > 0):
         return Grid([0], [0], [None], (t_devices, d_devices), False)
     t_sizes, d_sizes = sizes_for(target), sizes_for(draft) if draft else None
-    p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=s.n_ctx, draft_vram_bytes=d_vram)
+    p = plan(t_sizes, d_sizes, vram_bytes=vram, ram_bytes=total_ram(), n_ctx=s.n_ctx, draft_vram_bytes=d_vram,
+             type_k=s.type_k, type_v=s.type_v)
     nglds = sorted({p.draft.n_gpu_layers, d_sizes.n_layers + 1}) if d_sizes and d_vram != 0 else [0]
     ngls, moes = candidates(p.target.n_gpu_layers, t_sizes.n_layers, s.step), [None]
     if any(t_sizes.expert_bytes or ()):
@@ -118,7 +121,8 @@ def measure(target: Path, draft: Path | None, prompts: list[Prompt], s: TuneSett
         for ngl, moe, ngld in ((ngl, moe, ngld) for ngl in grid.ngls for moe in grid.moes for ngld in grid.nglds):
             try:
                 engine = Engine(target, draft, n_ctx=s.n_ctx, n_gpu_layers=ngl, draft_n_gpu_layers=ngld,
-                                devices=t_devices, draft_devices=d_devices, cpu_moe=moe or 0)
+                                devices=t_devices, draft_devices=d_devices, cpu_moe=moe or 0, type_k=s.type_k,
+                                type_v=s.type_v)
             except GGUFSpecError as e:
                 notes.append(f"{placement_flags(ngl, moe, ngld)} was left out: {e}")
                 continue

@@ -7,7 +7,7 @@ import sys
 
 from ..llama import backend, devices, runtime, system
 from ..costs import Costs
-from ..llama.measure import bad_entries, is_current, load_cache
+from ..llama.measure import bad_entries, cache_problem, is_current, load_cache
 from ..verification import Verification
 from ..paths import costs_file, models_dir
 
@@ -45,9 +45,10 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
                          "mtp_step_seconds": (cache.get(key + "|mtp") or {}).get("token_seconds"),
                          "why": c.why(_quant(parts[0]))})
         else:
-            m = entry.get("machine")
-            m = m if isinstance(m, dict) else {"cpu": "a machine this version cannot name"}
-            others[m.get("cpu", "?")] = m
+            m = entry.get("machine") if isinstance(entry, dict) else None
+            cpu = m.get("cpu") if isinstance(m, dict) else None
+            cpu = cpu if isinstance(cpu, str) else "a machine this version cannot name"  # an entry edited by hand
+            others[cpu] = {**m, "cpu": cpu} if isinstance(m, dict) else {"cpu": cpu}
     return mine, list(others.values()), damaged
 
 
@@ -84,6 +85,9 @@ def problems(features: list[str], cpu_buffer_types: list[str], other_machines: l
         names = "; ".join(m.get("cpu", "?") for m in other_machines)
         out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) holds measurements from other "
                     f"machines ({names}); they are never used here", "fix": "none needed; `ggufspec costs` measures this machine"})
+    cache = cache_problem()
+    if cache:
+        out.append({"severity": "warning", "problem": cache[0], "fix": cache[1]})
     if damaged:
         out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) has {len(damaged)} damaged "
                     f"entr{'y' if len(damaged) == 1 else 'ies'} (wrong shape: edited by hand or written by another "

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .options import (ctx_option, draft_option, int_list, json_option, model_options, moe_option, registry_option, rpc_option,
-                      split_options, target_option, user_errors)
+from .options import (cache_type_options, ctx_option, draft_option, int_list, json_option, model_options, moe_option,
+                      registry_option, rpc_option, split_options, target_option, user_errors)
 
 
 @click.command("costs")
@@ -49,13 +49,13 @@ def costs_command(as_json, remeasure, **options):
 @click.option("--ram", default=None, help="System memory to plan against (default: this machine's).")
 @ctx_option
 @moe_option
-@click.option("-ctk", "--cache-type", "kv_type", default="f16", show_default=True,
-              help="KV cache type of both models (llama.cpp's -ctk/-ctv: f16, q8_0, q4_0, ...).")
+@cache_type_options[0]
+@cache_type_options[1]
 @registry_option
 @rpc_option
 @json_option
 @user_errors
-def plan_command(pair, target, draft, vram, ram, n_ctx, cpu_moe, kv_type, registry, rpc, as_json):
+def plan_command(pair, target, draft, vram, ram, n_ctx, cpu_moe, type_k, type_v, registry, rpc, as_json):
     """Plan GPU layer offload for a target and draft within a memory budget.
 
     Reads tensor sizes from the GGUF files (or estimates them from models.toml for files not
@@ -74,7 +74,8 @@ def plan_command(pair, target, draft, vram, ram, n_ctx, cpu_moe, kv_type, regist
 
     ram_bytes = parse_size(ram, "--ram") if ram is not None else total_ram()
     p = plan_offload(pair, target, draft, registry=registry, vram_bytes=parse_size(vram) if vram is not None else None,
-                     ram_bytes=ram_bytes, n_ctx=n_ctx, rpc=rpc, cpu_moe=cpu_moe_value(cpu_moe), kv_type=kv_type)
+                     ram_bytes=ram_bytes, n_ctx=n_ctx, rpc=rpc, cpu_moe=cpu_moe_value(cpu_moe), type_k=type_k,
+                     type_v=type_v)
     click.echo(to_json(p.to_dict()) if as_json else plan_text(p, p.vram_bytes, ram_bytes, n_ctx))
 
 
@@ -92,13 +93,15 @@ def plan_command(pair, target, draft, vram, ram, n_ctx, cpu_moe, kv_type, regist
 @click.option("--step", type=int, default=4, show_default=True,
               help="-ngl values tried (for a mixture of experts whose layers all fit, --n-cpu-moe values): the "
                    "plan's, and this many either side.")
+@cache_type_options[0]
+@cache_type_options[1]
 @click.option("--write", is_flag=True, help="Save the best setting as the pair's defaults in your models.toml.")
 @registry_option
 @rpc_option
 @json_option
 @user_errors
-def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max_tokens, repeats, step, write, registry,
-                 rpc, as_json):
+def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max_tokens, repeats, step, type_k, type_v,
+                 write, registry, rpc, as_json):
     """Measure offload and drafting settings around the plan, and pick the fastest here.
 
     Plans offload for the memory budget (as `ggufspec plan`), then benchmarks -ngl / -ngld around
@@ -122,7 +125,8 @@ def tune_command(pair, target, draft, vram, n_ctx, draft_max, suites, limit, max
 
     lengths = int_list(draft_max, "--draft-max")
     settings = TuneSettings(n_ctx=n_ctx, draft_max=lengths, max_tokens=max_tokens, repeats=repeats, step=step,
-                            vram_bytes=parse_size(vram) if vram is not None else None, rpc=rpc)
+                            vram_bytes=parse_size(vram) if vram is not None else None, rpc=rpc, type_k=type_k,
+                            type_v=type_v)
     prompts = load_prompts(None, suites, limit)
     existing = registry if registry and Path(registry).exists() else None  # --write may create it
     target_path, draft_path, defaults = resolve_models(pair, target, draft, registry=existing, use_default=True)

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import GGUFSpecError
+from ..errors import GGUFSpecError, check_layers
 from ..core import DEFAULT_MODE, MODE_TABLE
 from ..sampling import SAMPLING_RULES
 
@@ -44,7 +44,10 @@ class Layers(click.ParamType):
             self.fail(f"{value!r} is not a layer count, 'all' or 'auto'", param, ctx)
         if n < 0:
             self.fail(f"{n} is negative; use 'all' for every layer", param, ctx)
-        return n
+        try:
+            return check_layers(n, "a layer count")
+        except GGUFSpecError as e:
+            self.fail(str(e), param, ctx)
 
 
 def _apply(fn, options):
@@ -64,11 +67,18 @@ moe_option = click.option("--n-cpu-moe", "cpu_moe", type=Layers(), default=None,
 ctx_option = click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True, help="Context size in tokens.")
 target_option = click.option("-m", "--model", "target", help="Target model: a .gguf path or a model name from models.toml.")
 draft_option = click.option("-md", "--model-draft", "--spec-draft-model", "draft", help="Draft model: a .gguf path or a model name.")
+# llama.cpp's KV cache types: -ctv would read as `-c tv` were it not declared wherever -c is
+cache_type_options = [
+    click.option("-ctk", "--cache-type-k", "type_k", default="f16", show_default=True,
+                 help="KV cache type of K (llama.cpp's -ctk): f16, q8_0, q4_0, ... (both models)."),
+    click.option("-ctv", "--cache-type-v", "type_v", default="f16", show_default=True,
+                 help="KV cache type of V (llama.cpp's -ctv); a quantized V needs flash attention (both models)."),
+]
 rpc_option = click.option("--rpc", default=None, envvar="GGUFSPEC_RPC", metavar="HOST:PORT[,...]",
                           help="llama.cpp RPC servers (`ggufspec rpc-server` on each): the target's layers go there, "
                                "the draft stays here.")
 LOAD_KEYS = ("pair", "target", "draft", "n_gpu_layers", "draft_n_gpu_layers", "cpu_moe", "n_ctx", "n_batch", "n_threads",
-             "registry", "offline", "verbose", "rpc", "devices", "draft_devices")
+             "type_k", "type_v", "registry", "offline", "verbose", "rpc", "devices", "draft_devices")
 
 
 def model_options(fn):
@@ -79,7 +89,7 @@ def model_options(fn):
                      help="Target layers on the GPU: N, all or auto (default auto)."),
         click.option("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", "draft_n_gpu_layers", type=Layers(), default=None,
                      help="Draft layers on the GPU: N, all or auto (default auto)."),
-        moe_option, ctx_option,
+        moe_option, ctx_option, *cache_type_options,
         click.option("-b", "--batch-size", "n_batch", type=int, default=512, show_default=True, help="Logical batch size."),
         click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads (default: physical cores)."),
         registry_option, rpc_option,

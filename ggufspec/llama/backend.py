@@ -19,7 +19,7 @@ from . import amx, system
 from .devices import descriptions, device_array, devices, share_elsewhere, software_vulkan, supports_gpu_offload
 from .overrides import BuftOverrides, cpu_buffer_type, expert_pattern
 from ..errors import ContextFullError, GGUFSpecError
-from .gguf_info import file_stamp, read_info
+from .gguf_info import file_stamp, kv_cache_type, read_info
 from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut
 from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
@@ -191,9 +191,10 @@ class Context(Closing):
     """
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 rollback: int = 0):
+                 rollback: int = 0, cache_types: tuple[str, str] = ("f16", "f16")):
         """rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
-        last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`)."""
+        last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`); cache_types: the KV
+        cache's K and V types (llama.cpp's -ctk, -ctv)."""
         self.model = model
         self.n_vocab = model.n_vocab
         n_threads = n_threads or default_threads()
@@ -204,6 +205,8 @@ class Context(Closing):
         params.n_seq_max = 1
         params.n_threads = int(n_threads)
         params.n_threads_batch = int(n_threads)
+        self.cache_types = cache_types
+        params.type_k, params.type_v = (kv_cache_type(t)[0] for t in cache_types)
         params.no_perf = True
         params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
         if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention (devices.software_vulkan)

@@ -6,6 +6,7 @@ file; checking the header and the tensor extents here first turns that into one 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,36 @@ GGUF_MAGIC = b"GGUF"
 # A mixture of experts' expert tensors, as llama.cpp names them (common/common.h: LLM_FFN_EXPS_REGEX, which its
 # --cpu-moe passes to its tensor buffer overrides; std::regex_search, as Python's re.search).
 EXPERT_TENSORS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+# The KV cache types llama.cpp's -ctk/-ctv take (common/arg.cpp, kv_cache_types).
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@functools.lru_cache(maxsize=None)
+def kv_cache_type(name: str, flag: str = "-ctk") -> tuple[int, float]:
+    """A KV cache type by llama.cpp's name: (its ggml type id, bytes per element); one GGUFSpecError naming `flag`
+    and the types there are for any other name."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if name not in KV_CACHE_TYPES:
+        raise GGUFSpecError(f"{flag} {name!r} is not a KV cache type llama.cpp knows; "
+                            f"use one of {', '.join(KV_CACHE_TYPES)}")
+    ggml_type = GGMLQuantizationType[name.upper()]
+    block, type_size = GGML_QUANT_SIZES[ggml_type]
+    return int(ggml_type), type_size / block
+
+
+def check_kv_cache_types(info: "GGUFInfo", type_k: str, type_v: str) -> None:
+    """One GGUFSpecError where a KV cache type's blocks do not divide this model's head size (llama.cpp refuses
+    such a context with nothing but a log line)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for flag, name, head_dim in (("-ctk", type_k, info.head_dim_k), ("-ctv", type_v, info.head_dim_v)):
+        block = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]][0]
+        if head_dim and head_dim % block:
+            raise GGUFSpecError(f"{info.path}: {flag} {name} stores blocks of {block} values, which do not divide this "
+                                f"model's head size {head_dim}; use f16, bf16 or f32")
 
 
 @dataclass(frozen=True)
@@ -48,6 +79,8 @@ class GGUFInfo:
     tensors: tuple[TensorInfo, ...] = field(repr=False)
     n_expert: int = 0  # a mixture of experts: experts per layer (0: dense)
     n_expert_used: int = 0  # ... and experts per token
+    kv_layers: tuple[int, ...] | None = None  # the layers with a KV cache (a hybrid's attention layers); None: all
+    keeps_state: bool = False  # recurrent or hybrid: a state that cannot be cut back like a KV cache
     n_nextn: int = 0  # multi-token-prediction (MTP, "NextN") blocks after the trunk, with their tensors
 
     @property
@@ -244,6 +277,9 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
             v = max(v) if v else default
         return int(v)
 
+    head_count_kv = fields.get(f"{arch}.attention.head_count_kv")
+    # a per-layer array marks a hybrid's recurrent layers with 0 KV heads: only the others hold a KV cache
+    kv_layers = tuple(i for i, n in enumerate(head_count_kv) if n) if isinstance(head_count_kv, list) else None
     n_embd = arch_int("embedding_length")
     n_head = arch_int("attention.head_count")
     n_head_kv = arch_int("attention.head_count_kv", n_head) or n_head
@@ -273,7 +309,20 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
         n_expert=arch_int("expert_count"),
         n_expert_used=arch_int("expert_used_count"),
         n_nextn=_nextn_blocks(arch_int("block_count"), arch_int("nextn_predict_layers"), tensors),
+        kv_layers=kv_layers,
+        keeps_state=_keeps_state(fields, arch, kv_layers, arch_int("block_count")),
     )
+
+
+# Keys only recurrent layers have: Mamba's SSM, LFM2's short convolution, RWKV's WKV (llama.cpp's llm_kv names).
+STATE_KEYS = (".ssm.", ".shortconv.", ".wkv.", ".time_mix_extra_dim", ".token_shift_count")
+
+
+def _keeps_state(fields: dict, arch: str, kv_layers, n_layers: int) -> bool:
+    """Whether the header describes a recurrent or hybrid model (llama.cpp's llama_model_is_recurrent/_hybrid, read
+    before loading): keys of recurrent layers, or layers without KV heads."""
+    own = [k for k in fields if k.startswith(arch + ".")]
+    return any(marker in k for k in own for marker in STATE_KEYS) or (kv_layers is not None and len(kv_layers) < n_layers)
 
 
 def _nextn_blocks(n_layers: int, declared: int, tensors) -> int:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, fields
 
 import numpy as np
 
 from .backend import Context, machine
-from .runtime import warn
+from .runtime import warn, warn_once
 from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs, Rollback
 from ..paths import costs_file
 
@@ -140,7 +141,9 @@ _FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}"
 
 def _key(ctx: Context) -> str:
     m = ctx.model  # m.stamp: the file's size|mtime when it was loaded (it may be gone since)
-    return (f"{m.path.resolve()}|{m.stamp}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}"
+    types = getattr(ctx, "cache_types", ("f16", "f16"))  # a quantized KV cache decodes at another speed
+    kv = "" if types == ("f16", "f16") else f",kv:{types[0]}/{types[1]}"
+    return (f"{m.path.resolve()}|{m.stamp}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}{kv}"
             f"|{_FORMAT}|machine {machine()['id']}")
 
 
@@ -199,32 +202,76 @@ def is_current(key: str) -> bool:
     return parts[1:3] == [str(st.st_size), str(st.st_mtime_ns)]
 
 
-def load_cache() -> dict:
-    """Every cached entry, this machine's and others' (keys end in `machine <id>`)."""
+def read_cache() -> tuple[dict, str | None]:
+    """Every cached entry, this machine's and others' (keys end in `machine <id>`), and why the file cannot be
+    read as a cache (None: it can, or there is none yet)."""
     try:
-        data = json.loads(costs_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        raw = costs_file().read_bytes()
+    except (FileNotFoundError, NotADirectoryError):  # no cache yet (whether one can be written is another question)
+        return {}, None
+    except OSError as e:
+        return {}, f"cannot be read ({e.strerror})"
+    try:
+        data = json.loads(raw)
+    except ValueError:  # cut short, binary, not UTF-8
+        return {}, "is not JSON (cut short, or not a cache at all)"
+    if not isinstance(data, dict):
+        return {}, f"holds a JSON {type(data).__name__}, not a table of entries"
+    return data, None
 
 
-def _save_cache(data: dict) -> None:
+def load_cache() -> dict:
+    return read_cache()[0]
+
+
+def cache_problem() -> tuple[str, str] | None:
+    """(what is wrong, its fix) where the cost cache cannot serve (a file that cannot be read) or keep what is
+    measured (a read-only one); None where it can."""
+    path = costs_file()
+    unreadable = read_cache()[1]
+    if unreadable:
+        return (f"the cost cache {path} {unreadable}: none of its measurements can be used",
+                "none needed: the next run that measures moves it aside (costs.json.unreadable-DATE) and starts anew")
+    unwritable = _cannot_write(path)
+    if unwritable:
+        return (f"the cost cache {path} cannot be written ({unwritable}): nothing measured is kept, so every run "
+                "measures again", "make it and its folder writable, or set GGUFSPEC_COSTS_FILE to a writable file")
+    return None
+
+
+def _cannot_write(path) -> str | None:
+    """Why the cache file cannot be written (None: it can), found by trying: opened to append (nothing written), and
+    a temporary file made beside it; mode bits alone do not say (root, immutable files, read-only mounts)."""
+    try:
+        if path.exists():
+            open(path, "ab").close()
+        folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _save_cache(data: dict) -> str | None:
+    """Write the cache; None, or why it could not be written (leaving no temporary file behind)."""
     path = costs_file()
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
-    except OSError:  # no cache (read-only, full disk): measure again next time, and leave nothing behind
+    except OSError as e:  # no cache (read-only, full disk): measure again next time, and leave nothing behind
         try:
             tmp.unlink()
         except OSError:
             pass
+        return e.strerror or str(e)
+    return None
 
 
 def _update_cache(entries: dict) -> None:
     """Merge new entries into the cache as it is now, under a lock: another process's entries, written
-    while this one measured, are kept."""
+    while this one measured, are kept. A file that cannot be read is moved aside, never overwritten."""
     from filelock import FileLock, Timeout
 
     if not entries:
@@ -233,9 +280,17 @@ def _update_cache(entries: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(path.with_name(path.name + ".lock"), timeout=60):
-            _save_cache({**load_cache(), **entries})
-    except (OSError, Timeout):  # no cache here: measured again next time
-        pass
+            cache, unreadable = read_cache()
+            if unreadable:
+                aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+                os.replace(path, aside)
+                warn(f"ggufspec: the cost cache {path} {unreadable}; moved it to {aside} and started a new one")
+            failed = _cannot_write(path) or _save_cache({**cache, **entries})
+    except (OSError, Timeout) as e:
+        failed = getattr(e, "strerror", None) or str(e)
+    if failed:
+        warn_once(f"ggufspec: cannot write the cost cache {path} ({failed}): every run measures again; make it "
+                  "writable, or set GGUFSPEC_COSTS_FILE to a writable file")
 
 
 def _positive(x) -> bool:

@@ -117,8 +117,11 @@ def ensure_model(spec: ModelSpec, *, offline: bool = False, endpoint: str | None
         return path
     if is_offline(offline):
         hint = " or `python scripts/fetch_offline_models.py`" if spec.mirror else ""
+        # the environment variable, set elsewhere and forgotten, is the one to name
+        why = ("--offline was given" if offline
+               else f"HF_HUB_OFFLINE={os.environ['HF_HUB_OFFLINE']} is set: unset it to download")
         raise GGUFSpecError(
-            f"{spec.name}: {spec.file} is not on this machine and offline mode is on; "
+            f"{spec.name}: {spec.file} is not on this machine and offline mode is on ({why}); "
             f"run `ggufspec models pull {spec.name}` where the Hub is reachable{hint}"
         )
     return download(spec, endpoint=endpoint, progress=progress)

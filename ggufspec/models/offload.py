@@ -21,9 +21,6 @@ from ..errors import GGUFSpecError
 
 GiB = 1 << 30
 MiB = 1 << 20
-# Bytes per element of a KV cache type (-ctk/-ctv): llama.cpp's block sizes (q8_0: 34 bytes per 32 values).
-KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-                 "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
 
 # Bits per weight of the bulk of a file, by quantisation (llama.cpp's quantize table).
 BITS_PER_WEIGHT = {"Q2_K": 2.96, "Q3_K_S": 3.5, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "Q4_0": 4.5, "Q4_K_S": 4.58,
@@ -46,10 +43,20 @@ class ModelSizes:
     n_vocab: int
     estimated: bool = False  # True when sizes come from the registry, not a GGUF header
     expert_bytes: tuple[int, ...] = ()  # a mixture of experts: the expert tensors' share of each layer's weights
-    kv_type: str = "f16"  # the KV cache's type (-ctk/-ctv)
+    kv_layers: tuple[int, ...] | None = None  # the layers with a KV cache (a hybrid's attention layers); None: all
+    type_k: str = "f16"  # the KV cache's types (-ctk, -ctv)
+    type_v: str = "f16"
 
     def kv_bytes_per_layer(self, n_ctx: int) -> int:
-        return int(2 * n_ctx * self.n_head_kv * self.head_dim * KV_TYPE_BYTES[self.kv_type])
+        """The KV cache of one attention layer (K and V at their types' bytes per element)."""
+        from ..llama.gguf_info import kv_cache_type
+
+        per_element = kv_cache_type(self.type_k, "-ctk")[1] + kv_cache_type(self.type_v, "-ctv")[1]
+        return int(n_ctx * self.n_head_kv * self.head_dim * per_element)
+
+    def kv_bytes(self, i: int, n_ctx: int) -> int:
+        """Layer i's KV cache: none for a hybrid's recurrent layers."""
+        return self.kv_bytes_per_layer(n_ctx) if self.kv_layers is None or i in self.kv_layers else 0
 
     def device_layer_bytes(self, i: int, cpu_moe: int) -> int:
         """Layer i's weights on the GPU when the experts of the first cpu_moe layers stay on the CPU."""
@@ -85,7 +92,8 @@ def sizes_from_info(info) -> ModelSizes:
     if output == 0:  # tied embeddings: the output layer reuses token_embd, which then goes to the GPU too
         output = embed
     return ModelSizes(info.name, info.n_layers, tuple(layers), output, embed, info.n_embd, info.n_head_kv,
-                      info.head_dim_k, info.n_vocab, expert_bytes=tuple(experts) if any(experts) else ())
+                      info.head_dim_k, info.n_vocab, expert_bytes=tuple(experts) if any(experts) else (),
+                      kv_layers=info.kv_layers)
 
 
 def sizes_from_spec(spec) -> ModelSizes:
@@ -140,7 +148,8 @@ class Plan:
     target: Placement
     draft: Placement | None
     split: dict | None = None  # target layers per device (device name -> count), as llama.cpp splits them
-    kv_type: str = "f16"  # both models' KV cache type (-ctk/-ctv)
+    type_k: str = "f16"  # both models' KV cache types (-ctk, -ctv)
+    type_v: str = "f16"
 
     @property
     def gpu_bytes(self) -> int:
@@ -152,14 +161,14 @@ class Plan:
 
     def flags(self) -> str:
         out = f"-ngl {self.target.flag}" + (f" {self.target.moe_flag}" if self.target.cpu_moe else "") + f" -c {self.n_ctx}"
-        if self.kv_type != "f16":
-            out += f" -ctk {self.kv_type} -ctv {self.kv_type}"
+        out += "".join(f" {flag} {t}" for flag, t in (("-ctk", self.type_k), ("-ctv", self.type_v)) if t != "f16")
         if self.draft:
             out += f" -ngld {self.draft.flag}"
         return out
 
     def to_dict(self) -> dict:
-        return {"vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes, "n_ctx": self.n_ctx, "kv_type": self.kv_type,
+        return {"vram_bytes": self.vram_bytes, "ram_bytes": self.ram_bytes, "n_ctx": self.n_ctx, "type_k": self.type_k,
+                "type_v": self.type_v,
                 "flags": self.flags(),
                 "gpu_bytes": self.gpu_bytes, "cpu_bytes": self.cpu_bytes, "split": self.split,
                 "models": [asdict(p) | {"flag": p.flag} for p in (self.target, self.draft) if p]}
@@ -172,22 +181,23 @@ def _place(m: ModelSizes, role: str, budget: int, n_ctx: int, cpu_moe: int = 0) 
     llama.cpp offloads from the top: n_gpu_layers = n puts the output layer and the last n - 1
     repeating layers on the GPU (i_gpu_start = n_layer + 1 - n). Token embeddings stay on the CPU.
     """
-    kv_layer = m.kv_bytes_per_layer(n_ctx)
     compute = m.compute_bytes()
     cpu_moe = _moe_layers(cpu_moe, m) if m.expert_bytes else 0
     used, n = 0, 0
     if budget >= compute + m.output_bytes:
         used, n = compute + m.output_bytes, 1
         for i in reversed(range(m.n_layers)):
-            if used + m.device_layer_bytes(i, cpu_moe) + kv_layer > budget:
+            if used + m.device_layer_bytes(i, cpu_moe) + m.kv_bytes(i, n_ctx) > budget:
                 break
-            used += m.device_layer_bytes(i, cpu_moe) + kv_layer
+            used += m.device_layer_bytes(i, cpu_moe) + m.kv_bytes(i, n_ctx)
             n += 1
     repeating = max(0, n - 1)
     gpu_weights = (m.output_bytes if n else 0) + sum(m.device_layer_bytes(i, cpu_moe)
                                                      for i in range(m.n_layers - repeating, m.n_layers))
-    cpu = m.file_bytes - gpu_weights + kv_layer * (m.n_layers - repeating) + (compute if n == 0 else 0)
-    return Placement(m.name, role, n, m.n_layers, used, cpu, kv_layer * m.n_layers, m.estimated, cpu_moe)
+    cpu_kv = sum(m.kv_bytes(i, n_ctx) for i in range(m.n_layers - repeating))
+    cpu = m.file_bytes - gpu_weights + cpu_kv + (compute if n == 0 else 0)
+    return Placement(m.name, role, n, m.n_layers, used, cpu, sum(m.kv_bytes(i, n_ctx) for i in range(m.n_layers)),
+                     m.estimated, cpu_moe)
 
 
 def _place_moe(m: ModelSizes, role: str, budget: int, n_ctx: int, cpu_moe: int | None) -> Placement:
@@ -224,18 +234,21 @@ def split_layers(n_gpu_layers: int, n_layers: int, free_by_device: dict[str, int
 
 def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_bytes: int | None, n_ctx: int,
          draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None, cpu_moe: int | None = None,
-         kv_type: str = "f16") -> Plan:
+         type_k: str = "f16", type_v: str = "f16") -> Plan:
     """Draft first, fully if it fits; then target layers; refuse if the CPU side exceeds RAM.
 
     draft_vram_bytes: the draft's own budget where it goes to other devices than the target (a
     target on RPC servers, a draft on this machine); devices: the target's devices and their free
     memory, to show the split across them; cpu_moe: the target's layers whose experts stay on the
-    CPU (None: as few as it takes, for a mixture of experts); kv_type: the KV caches' type (-ctk/-ctv)."""
+    CPU (None: as few as it takes, for a mixture of experts); type_k, type_v: the KV caches' types (-ctk, -ctv)."""
     if n_ctx < 1:
         raise GGUFSpecError(f"-c must be positive (got {n_ctx})")
-    if kv_type not in KV_TYPE_BYTES:
-        raise GGUFSpecError(f"-ctk {kv_type!r} is not a KV cache type llama.cpp knows; use one of {', '.join(KV_TYPE_BYTES)}")
-    target, draft = replace(target, kv_type=kv_type), replace(draft, kv_type=kv_type) if draft else None
+    from ..llama.gguf_info import kv_cache_type
+
+    kv_cache_type(type_k, "-ctk")
+    kv_cache_type(type_v, "-ctv")
+    types = {"type_k": type_k, "type_v": type_v}
+    target, draft = replace(target, **types), replace(draft, **types) if draft else None
     d = None
     budget = max(0, vram_bytes)
     if draft is not None:
@@ -243,14 +256,19 @@ def plan(target: ModelSizes, draft: ModelSizes | None, *, vram_bytes: int, ram_b
         budget -= d.gpu_bytes if draft_vram_bytes is None else 0
     t = _place_moe(target, "target", budget, n_ctx, cpu_moe)
     p = Plan(vram_bytes, ram_bytes, n_ctx, t, d, split_layers(t.n_gpu_layers, t.n_layers, devices) if devices else None,
-             kv_type)
+             type_k, type_v)
     if ram_bytes is not None and p.cpu_bytes > ram_bytes:
         raise GGUFSpecError(
-            f"this plan needs {p.cpu_bytes / GiB:.1f} GiB of RAM beside {p.gpu_bytes / GiB:.1f} GiB of VRAM, but the machine "
-            f"has {ram_bytes / GiB:.1f} GiB: {(p.cpu_bytes - ram_bytes) / GiB:.1f} GiB missing; use a smaller quantisation, "
+            f"this plan needs {size_text(p.cpu_bytes)} of RAM beside {size_text(p.gpu_bytes)} of VRAM, but the machine "
+            f"has {size_text(ram_bytes)}: {size_text(p.cpu_bytes - ram_bytes)} missing; use a smaller quantisation, "
             "a smaller -c, or more VRAM"
         )
     return p
+
+
+def size_text(n_bytes: int) -> str:
+    """A size as people read it: GiB from 1 GiB up, MiB below it (where "0.0 GiB" would say nothing)."""
+    return f"{n_bytes / GiB:.1f} GiB" if abs(n_bytes) >= GiB else f"{n_bytes / MiB:.0f} MiB"
 
 
 def parse_size(text: str, flag: str = "--vram") -> int:
@@ -286,7 +304,7 @@ def sizes_for(path_or_spec) -> ModelSizes:
 
 def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | None = None,
                    draft_vram_bytes: int | None = None, devices: dict[str, int] | None = None,
-                   cpu_moe: int | None = None) -> tuple[int, int, int]:
+                   cpu_moe: int | None = None, type_k: str = "f16", type_v: str = "f16") -> tuple[int, int, int]:
     """Turn N / 'all' / 'auto' into the n_gpu_layers llama.cpp gets, for target and draft, and the target's
     layers whose experts stay on the CPU (cpu_moe: N, -1 for all, None: the plan's where -ngl is auto, else 0).
 
@@ -302,11 +320,11 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
     if devices and vram_bytes is None:
         vram_bytes = sum(devices.values())
     if devices and ngl not in ("auto", 0, None):
-        t = sizes_for(target)
+        t = replace(sizes_for(target), type_k=type_k, type_v=type_v)
         fits = _place(t, "target", vram_bytes, n_ctx, _moe_layers(cpu_moe, t)).n_gpu_layers
         wanted = t.n_layers + 1 if ngl == "all" else min(int(ngl), t.n_layers + 1)
         if wanted > fits:
-            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {vram_bytes / GiB:.1f} GiB free, "
+            raise GGUFSpecError(f"-ngl {ngl}: the target's devices ({', '.join(devices)}) have {size_text(vram_bytes)} free, "
                                 f"room for {fits} of its {t.n_layers + 1} layers; use -ngl {fits} or -ngl auto, or add a server")
     fixed = cpu_moe or 0
     if "auto" not in (ngl, ngld):
@@ -316,7 +334,8 @@ def resolve_layers(target, draft, ngl, ngld, *, n_ctx: int, vram_bytes: int | No
     if vram <= 0 and dvram <= 0:
         return one(ngl, 0), one(ngld, 0), fixed  # nothing to plan: everything stays on the CPU
     p = plan(sizes_for(target), sizes_for(draft) if draft else None, vram_bytes=vram, ram_bytes=None, n_ctx=n_ctx,
-             draft_vram_bytes=draft_vram_bytes, cpu_moe=cpu_moe if ngl == "auto" else fixed)
+             draft_vram_bytes=draft_vram_bytes, cpu_moe=cpu_moe if ngl == "auto" else fixed, type_k=type_k,
+             type_v=type_v)
     return (one(ngl, p.target.n_gpu_layers), one(ngld, p.draft.n_gpu_layers if p.draft else 0),
             p.target.cpu_moe if ngl == "auto" else fixed)
 

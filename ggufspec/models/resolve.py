@@ -27,6 +27,8 @@ class LoadOptions:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int | None = None
+    type_k: str = "f16"  # the KV caches' types (llama.cpp's -ctk, -ctv)
+    type_v: str = "f16"
     registry: str | None = None
     offline: bool = False
     verbose: bool = False
@@ -137,15 +139,16 @@ def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
 
     moe = o.cpu_moe if o.cpu_moe is not None else defaults.get("cpu_moe")  # the pair's (`tune --write`)
     ngl, ngld, cpu_moe = resolve_layers(target, draft, layers("n_gpu_layers"), layers("draft_n_gpu_layers"), n_ctx=o.n_ctx,
-                                        cpu_moe=cpu_moe_value(moe), **planned)
+                                        cpu_moe=cpu_moe_value(moe), type_k=o.type_k, type_v=o.type_v, **planned)
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
-                    draft_devices=draft_devices, cpu_moe=cpu_moe)
+                    draft_devices=draft_devices, cpu_moe=cpu_moe, type_k=o.type_k, type_v=o.type_v)
     return engine, defaults
 
 
 def plan_offload(pair: str | None, target: str | None, draft: str | None, *, registry=None, vram_bytes: int | None,
-                 ram_bytes: int, n_ctx: int, rpc: str | None = None, cpu_moe: int | None = None, kv_type: str = "f16"):
+                 ram_bytes: int, n_ctx: int, rpc: str | None = None, cpu_moe: int | None = None, type_k: str = "f16",
+                 type_v: str = "f16"):
     """The offload plan for a pair or models, from their GGUF files or, not downloaded, their registry
     entries. With RPC servers: the target over their devices (split as llama.cpp splits it), the draft
     on this machine's own GPUs."""
@@ -172,7 +175,7 @@ def plan_offload(pair: str | None, target: str | None, draft: str | None, *, reg
         return sizes_for(local_path(spec) or spec)
 
     return plan(sizes(target), sizes(draft) if draft else None, vram_bytes=vram_bytes, ram_bytes=ram_bytes, n_ctx=n_ctx,
-                draft_vram_bytes=draft_vram, devices=devices, cpu_moe=cpu_moe, kv_type=kv_type)
+                draft_vram_bytes=draft_vram, devices=devices, cpu_moe=cpu_moe, type_k=type_k, type_v=type_v)
 
 
 def status(registry: Registry) -> dict:

@@ -73,8 +73,10 @@ def test_missing_file_says_so(fake):
 
 def test_offline_without_a_cached_copy_refuses(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(GGUFSpecError, match="offline mode is on"):
+    with pytest.raises(GGUFSpecError, match=r"offline mode is on \(HF_HUB_OFFLINE=1 is set: unset it to download\)"):
         hub.ensure_model(spec())
+    with pytest.raises(GGUFSpecError, match=r"offline mode is on \(--offline was given\)"):
+        hub.ensure_model(spec(), offline=True)
 
 
 def test_offline_with_a_cached_copy_works_without_the_server(fake):

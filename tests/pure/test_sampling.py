@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from ggufspec.sampling import (SamplingParams, apply_min_p, apply_top_k, apply_top_p, max_prob,
+from ggufspec.errors import GGUFSpecError
+from ggufspec.sampling import (Picker, SamplingParams, apply_min_p, apply_top_k, apply_top_p, max_prob,
                                probs_from_logits, sample, top2_gap, verify, verify_greedy)
 
 
@@ -168,3 +169,17 @@ def test_a_tiny_temperature_is_the_argmax_without_nan():
         x = tempered_logits(logits, SamplingParams(temperature=t))
         assert not np.isnan(x).any() and int(np.argmax(x)) == 1
         assert probs_from_logits(logits, SamplingParams(temperature=t))[1] == 1.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_row_that_is_not_finite_is_one_error_naming_whose_it_is(bad):
+    """A NaN row's argmax is its first NaN (token 0 for a NaN model): once written forever, or sampled with warnings."""
+    row = np.array([0.5, 2.0, bad, 1.0], dtype=np.float32)
+    with pytest.raises(GGUFSpecError, match="the target's logits are not finite"):
+        Picker(SamplingParams()).pick(row, 0)
+    with pytest.raises(GGUFSpecError, match="the draft's logits are not finite"):
+        Picker(SamplingParams(), whose="the draft's").judge(np.stack([row, row]), 0)
+    for params in (SamplingParams(), SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, top_p=0.9)):
+        with pytest.raises(GGUFSpecError, match="logits are not finite"):
+            probs_from_logits(row, params)
+    assert Picker(SamplingParams()).pick(np.array([0.0, -np.inf, 3.0]), 0) == 2  # -inf (a filtered token) is fine

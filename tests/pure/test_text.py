@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ggufspec.errors import GGUFSpecError
-from ggufspec.text import TextAssembler, check_chat_roles, find_stop
+from ggufspec.text import TextAssembler, check_chat_roles, find_stop, plural
 
 # token id -> bytes; "é" is split over tokens 3 and 4, token 9 ends generation
 PIECES = {0: b"he", 1: b"llo", 2: b" wor", 3: b"\xc3", 4: b"\xa9", 5: b"ld", 6: b"!", 7: b"EN", 8: b"D", 9: b""}
@@ -74,3 +74,8 @@ def test_chat_roles_a_template_renders_pass_and_any_other_is_one_line():
     for role in ("wizard", "User", "sytem", None):
         with pytest.raises(GGUFSpecError, match=rf"p.jsonl, line 3: messages\[1\]: role {role!r} is not one"):
             check_chat_roles([messages[0], {"role": role, "content": "x"}], "p.jsonl, line 3: messages")
+
+
+def test_counts_read_as_people_say_them():
+    assert (plural(1, "thread"), plural(2, "thread"), plural("1", "chunk package")) == ("1 thread", "2 threads",
+                                                                                      "1 chunk package")
