@@ -122,8 +122,9 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths:
 
 
 # llama.cpp's programs log through a thread of their own and may exit before it wrote the last lines (its
-# common/log.cpp says so): a run whose counts are missing is run again, up to this many times in all.
-LOST_LOG_TRIES = 4
+# common/log.cpp says so; on a loaded 2-core machine half the runs of a tiny model lost them): a run whose counts are
+# missing is run again, up to this many times in all.
+LOST_LOG_TRIES = 6
 
 
 def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_text: str, n_tokens: int, threads: int,
