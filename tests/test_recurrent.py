@@ -74,6 +74,20 @@ def test_the_context_knows_its_memory_cannot_be_cut_and_rewinds_all_the_same(sha
         assert ctx.n_past == 2 and ctx.tokens == tokens[:2]
 
 
+@pytest.mark.parametrize("n_batch", [3, 7, 9, 10])
+def test_a_batch_smaller_than_the_rollback_rows_gets_fewer_of_them(shapes, tiny, n_batch):
+    """llama.cpp aborts a decode unless a micro-batch holds the n_rs_seq + 1 last tokens with room to spare
+    (n_ubatch > n_rs_seq + 1): the target's context asks for as many rollback rows as its batch allows."""
+    with Engine(shapes["lfm2"]["target"], tiny["far"], n_ctx=256, n_batch=n_batch, measure=False) as e:
+        assert e.target_ctx.checkpoints.rollback == min(8, n_batch - 2)
+        reference = e.generate(PROMPTS[1], max_tokens=24, mode="target", ignore_eos=True).tokens
+        out = e.generate(PROMPTS[1], max_tokens=24, mode="draft", ignore_eos=True)
+        assert out.tokens == reference and out.stats.n_drafted > 0
+    with Model(shapes["lfm2"]["target"]) as m, Context(m, n_ctx=9, n_batch=512, rollback=8) as ctx:  # -c caps n_batch
+        assert ctx.checkpoints.rollback == 7
+        ctx.decode(m.tokenize("hello world")[:8], logits="none")
+
+
 def test_a_context_saves_no_state_where_nothing_will_be_cut(shapes):
     """Saving the recurrent state costs a copy of it per decode: only decodes that may be rewound pay it."""
     with Model(shapes["lfm2"]["target"]) as m, Context(m, n_ctx=256) as ctx:

@@ -21,7 +21,7 @@ from .overrides import BuftOverrides, cpu_buffer_type, expert_pattern
 from ..errors import ContextFullError, GGUFSpecError
 from .gguf_info import file_stamp, read_info
 from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
-from .recurrent import Checkpoints, cannot_be_cut
+from .recurrent import Checkpoints, cannot_be_cut, fitted_rollback
 from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
 
@@ -224,7 +224,7 @@ class Context(Closing):
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  rollback: int = 0):
         """rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
-        last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`)."""
+        last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`), as many as the batch allows."""
         self.model = model
         self.n_vocab = model.n_vocab
         n_threads = n_threads or default_threads()
@@ -236,7 +236,8 @@ class Context(Closing):
         params.n_threads = int(n_threads)
         params.n_threads_batch = int(n_threads)
         params.no_perf = True
-        params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
+        # llama.cpp caps n_batch (and so n_ubatch) at n_ctx before padding n_ctx
+        params.n_rs_seq = fitted_rollback(rollback, min(n_ctx, n_batch)) if cannot_be_cut(model._model) else 0
         if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention (devices.software_vulkan)
             params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._owned = True

@@ -25,6 +25,13 @@ PARTIAL = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 ROLLBACK_ROWS = 8
 
 
+def fitted_rollback(wanted: int, n_ubatch: int) -> int:
+    """The rollback rows (n_rs_seq) a context with micro-batches of n_ubatch tokens can keep: llama.cpp holds a
+    batch's last n_rs_seq + 1 tokens in one micro-batch and aborts unless n_ubatch > n_rs_seq + 1
+    (`split_equal`'s n_keep_tail), on every architecture it rolls back. 0: checkpoints only."""
+    return max(0, min(int(wanted), int(n_ubatch) - 2))
+
+
 def cannot_be_cut(model_ptr) -> bool:
     """Whether a llama.cpp model keeps a recurrent state (recurrent or hybrid)."""
     return bool(model_ptr) and bool(C.llama_model_is_recurrent(model_ptr) or C.llama_model_is_hybrid(model_ptr))
