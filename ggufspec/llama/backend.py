@@ -328,7 +328,7 @@ class Context(Closing):
         if logits == "all" and n > self.n_batch:
             raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
         if not self.cuttable:
-            self.checkpoints.before(self._ctx, self.n_past, n)
+            self.checkpoints.save(self._ctx, self.n_past)
         start = 0
         while start < n:
             end = min(n, start + self.n_batch)
