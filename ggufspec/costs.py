@@ -54,11 +54,13 @@ class Rollback:
     def expected_seconds(self, n_draft: int, alpha: float, batch_seconds) -> float:
         """Expected seconds a round of n_draft drafts spends on rewinding: the save, and with probability
         alpha^j (1 - alpha) a rejection after j accepted drafts, whose j + 1 kept tokens are decoded again;
-        nothing where llama.cpp keeps the states of that many positions itself."""
-        if n_draft <= 0 or n_draft <= self.kept:
+        where llama.cpp keeps the states of that many positions itself only a rejection of every draft (j = 0)
+        decodes again, the rest are cuts."""
+        if n_draft <= 0:
             return 0.0
+        rejections = range(1 if n_draft <= self.kept else n_draft)
         return self.save_seconds + sum(alpha ** j * (1.0 - alpha) * (self.restore_seconds + batch_seconds(j + 1))
-                                       for j in range(n_draft))
+                                       for j in rejections)
 
 
 @dataclass

@@ -43,7 +43,8 @@ def test_the_context_knows_its_memory_cannot_be_cut_and_rewinds_all_the_same(sha
     the kept tokens again as one batch: the logits that follow are those of a context that decoded just those
     tokens, bit for bit. Where llama.cpp keeps the last states itself (lfm2, asked with rollback) a rewind that
     keeps part of the batch is a cut, nothing decoded again, and the state is the batch's own (as a KV cache's
-    is: equal to a fresh context's up to the batched kernels' rounding); a whole batch goes the checkpoint way."""
+    is: equal to a fresh context's up to the batched kernels' rounding); a whole batch goes the checkpoint way, from
+    the state saved before it (not decoded again from the start: as one batch, its numerics would move the text)."""
     with Model(shapes[arch]["target"]) as m, Context(m, n_ctx=256, rollback=rollback) as ctx, \
             Context(m, n_ctx=256) as fresh, Model(tiny["target"]) as dense, Context(dense, n_ctx=256) as dense_ctx:
         assert not ctx.cuttable and dense_ctx.cuttable
@@ -57,9 +58,9 @@ def test_the_context_knows_its_memory_cannot_be_cut_and_rewinds_all_the_same(sha
             decoded.clear()
             ctx.truncate(keep)  # rewind into it (keep 5: the whole batch)
             assert ctx.n_past == keep and ctx.tokens == tokens[:keep]
-            kept = bool(ctx.checkpoints.rollback)  # llama.cpp keeps states: none saved, so a whole batch goes from the start
-            cut = kept and keep > 5
-            assert decoded == ([] if cut or (keep == 5 and not kept) else [5 if kept else keep - 5]), keep
+            # a cut keeps a draft of the batch; the first token alone is decoded again, a whole batch restored
+            cut = bool(ctx.checkpoints.rollback) and keep > 6
+            assert decoded == ([] if cut or keep == 5 else [keep - 5]), keep
             fresh.clear()
             fresh.decode(tokens[:5], logits="none")
             if keep > 5:
@@ -72,6 +73,20 @@ def test_the_context_knows_its_memory_cannot_be_cut_and_rewinds_all_the_same(sha
             ctx.truncate(5)  # past the last batch: from a checkpoint, or decoded again from the start
         ctx.truncate(2)  # before any saved state: decoded again from the start
         assert ctx.n_past == 2 and ctx.tokens == tokens[:2]
+
+
+@pytest.mark.parametrize("n_batch", [3, 7, 9, 10])
+def test_a_batch_smaller_than_the_rollback_rows_gets_fewer_of_them(shapes, tiny, n_batch):
+    """llama.cpp aborts a decode unless a micro-batch holds the n_rs_seq + 1 last tokens with room to spare
+    (n_ubatch > n_rs_seq + 1): the target's context asks for as many rollback rows as its batch allows."""
+    with Engine(shapes["lfm2"]["target"], tiny["far"], n_ctx=256, n_batch=n_batch, measure=False) as e:
+        assert e.target_ctx.checkpoints.rollback == min(8, n_batch - 2)
+        reference = e.generate(PROMPTS[1], max_tokens=24, mode="target", ignore_eos=True).tokens
+        out = e.generate(PROMPTS[1], max_tokens=24, mode="draft", ignore_eos=True)
+        assert out.tokens == reference and out.stats.n_drafted > 0
+    with Model(shapes["lfm2"]["target"]) as m, Context(m, n_ctx=9, n_batch=512, rollback=8) as ctx:  # -c caps n_batch
+        assert ctx.checkpoints.rollback == 7
+        ctx.decode(m.tokenize("hello world")[:8], logits="none")
 
 
 def test_a_context_saves_no_state_where_nothing_will_be_cut(shapes):
@@ -101,6 +116,39 @@ def test_greedy_output_is_the_targets_in_every_mode(shapes, tiny, arch, roles):
                 assert out.tokens == reference, (prompt, mode)
         drafted = e.generate(PROMPTS[0], max_tokens=60, mode="draft", ignore_eos=True)
         assert drafted.stats.n_drafted > 0 and drafted.stats.n_drafted > drafted.stats.n_accepted  # rewinds happened
+
+
+@pytest.mark.parametrize("arch", UNCUT)
+def test_a_draft_that_never_agrees_rolls_back_every_round_and_keeps_the_targets_text(shapes, tiny, arch):
+    """Every round rejects every draft and rewinds to the target's own token: the state saved before the batch is
+    restored and that token decoded again by itself (lfm2 too, where llama.cpp could cut: the batch's state of it
+    differs in the last bits, and the text left the target's at token 28), so the memory ends bit for bit as
+    target-only decoding's. A near-tie at a batch's first row rewinds the whole batch to that same saved state."""
+    with Engine(shapes[arch]["target"], tiny["target"], n_ctx=512) as e:
+        assert e.target_ctx.checkpoints.rollback == (8 if arch == "lfm2" else 0)
+        never = 0
+        for prompt in PROMPTS + ("The quick brown fox", "int main() {"):
+            reference = e.generate(prompt, max_tokens=64, mode="target", ignore_eos=True).tokens
+            state = _state(e.target_ctx)
+            out = e.generate(prompt, max_tokens=64, mode="draft", ignore_eos=True)
+            assert out.stats.n_drafted > 100 and out.stats.n_accepted <= 1, prompt
+            assert out.tokens == reference, prompt
+            if out.stats.n_accepted == 0:  # bit for bit: identity by construction (an accepted draft's is the batch's)
+                never += 1
+                assert np.array_equal(_state(e.target_ctx), state), prompt
+        assert never >= 2
+
+
+def _state(ctx) -> np.ndarray:
+    """Everything llama.cpp holds of sequence 0 (recurrent state and KV rows), as bytes."""
+    import ctypes
+
+    from ggufspec.llama.runtime import C
+
+    size = C.llama_state_seq_get_size_ext(ctx._ctx, 0, 0)
+    buf = (ctypes.c_uint8 * size)()
+    C.llama_state_seq_get_data_ext(ctx._ctx, buf, size, 0, 0)
+    return np.frombuffer(bytes(buf), np.uint8)
 
 
 @pytest.mark.parametrize("arch", SHAPES)

@@ -241,8 +241,9 @@ def rollback_line(r: dict, step: float) -> str:
     if r.get("kept"):
         return (f"rollback: this target's recurrent state ({r['state_bytes'] / 2**20:.2f} MiB) cannot be cut like a KV cache, "
                 f"but llama.cpp keeps it for the last {r['kept']} positions: a round drafting up to {r['kept']} tokens "
-                f"rewinds by a cut; a longer one saves it first ({1e3 * r['save_seconds']:.3f} ms) and at a rejection "
-                f"restores it ({1e3 * r['restore_seconds']:.3f} ms) and decodes the kept tokens again; auto counts both")
+                f"rewinds by a cut where it keeps a draft; each round saves it first ({1e3 * r['save_seconds']:.3f} ms), "
+                f"and a rejection of every draft, or any in a longer round, restores it ({1e3 * r['restore_seconds']:.3f} ms) "
+                "and decodes the kept tokens again; auto counts both")
     return (f"rollback: this target's recurrent state ({r['state_bytes'] / 2**20:.2f} MiB) cannot be cut like a KV cache: "
             f"saving it before each verify batch takes {1e3 * r['save_seconds']:.3f} ms ({r['save_seconds'] / step:.2f} of a step), "
             f"restoring it at a rejection {1e3 * r['restore_seconds']:.3f} ms plus the kept tokens decoded again; "

@@ -21,7 +21,7 @@ from .overrides import BuftOverrides, cpu_buffer_type, expert_pattern
 from ..errors import ContextFullError, GGUFSpecError
 from .gguf_info import file_stamp, kv_cache_type, read_info
 from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
-from .recurrent import Checkpoints, cannot_be_cut
+from .recurrent import Checkpoints, cannot_be_cut, fitted_rollback
 from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
 from .vocab import LlamaModel, VocabFacts
@@ -193,8 +193,8 @@ class Context(Closing):
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  rollback: int = 0, cache_types: tuple[str, str] = ("f16", "f16")):
         """rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
-        last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`); cache_types: the KV
-        cache's K and V types (llama.cpp's -ctk, -ctv)."""
+        last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`), as many as the batch allows;
+        cache_types: the KV cache's K and V types (llama.cpp's -ctk, -ctv)."""
         self.model = model
         self.n_vocab = model.n_vocab
         n_threads = n_threads or default_threads()
@@ -208,7 +208,8 @@ class Context(Closing):
         self.cache_types = cache_types
         params.type_k, params.type_v = (kv_cache_type(t)[0] for t in cache_types)
         params.no_perf = True
-        params.n_rs_seq = int(rollback) if cannot_be_cut(model._model) else 0
+        # llama.cpp caps n_batch (and so n_ubatch) at n_ctx before padding n_ctx
+        params.n_rs_seq = fitted_rollback(rollback, min(n_ctx, n_batch)) if cannot_be_cut(model._model) else 0
         if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention (devices.software_vulkan)
             params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.flash_attn_type = params.flash_attn_type
@@ -304,7 +305,7 @@ class Context(Closing):
         if logits == "all" and n > self.n_batch:
             raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
         if not self.cuttable:
-            self.checkpoints.before(self._ctx, self.n_past, n)
+            self.checkpoints.save(self._ctx, self.n_past)
         start = 0
         while start < n:
             end = min(n, start + self.n_batch)

@@ -6,10 +6,14 @@ part there and decodes the kept tokens after it again. A draft that decodes one 
 saved at every position, so its rewinds decode nothing again.
 
 Some architectures (lfm2, qwen35, nemotron-h; llama.cpp's `llm_arch_supports_rs_rollback`) can also keep the
-states of the last `n_rs_seq` positions themselves: a rewind into the last decoded batch that keeps at least one
-of its tokens is then a plain cut, exact and with nothing decoded again (tested bit for bit). A rewind that
-removes a whole batch is not (its logits come out different, though llama.cpp says it succeeded), so that one,
-and any beyond n_rs_seq positions, goes the checkpoint way."""
+states of the last `n_rs_seq` positions themselves: a rewind into the last decoded batch that keeps at least two
+of its tokens (an accepted draft) is then a plain cut, nothing decoded again, the kept tokens' state the batch's
+own (as a KV cache keeps a batch's rows). A rewind that removes a whole batch is not exact that way (its logits
+come out different, though llama.cpp says it succeeded), and one keeping the first token alone (every draft
+rejected) would keep that token's state as the batch computed it, which differs from one-token decoding in the
+last bits (F32 states, unlike a KV cache's F16 rows, keep them): a draft that never agrees moved the text off
+the target's after ~28 tokens (issue 40). Those, and any beyond n_rs_seq positions, go the checkpoint way; the
+state is saved before every decode that may be rewound here too."""
 
 from __future__ import annotations
 
@@ -20,9 +24,16 @@ from ..errors import GGUFSpecError
 from .runtime import C
 
 PARTIAL = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-# The positions a target's context asks llama.cpp to keep states for (n_rs_seq): a verify batch of up to this
-# many drafts rewinds by a cut. Each costs a copy of the recurrent state in memory.
+# The positions a target's context asks llama.cpp to keep states for (n_rs_seq): a rejection in a verify batch of up
+# to this many drafts rewinds by a cut. Each costs a copy of the recurrent state in memory.
 ROLLBACK_ROWS = 8
+
+
+def fitted_rollback(wanted: int, n_ubatch: int) -> int:
+    """The rollback rows (n_rs_seq) a context with micro-batches of n_ubatch tokens can keep: llama.cpp holds a
+    batch's last n_rs_seq + 1 tokens in one micro-batch and aborts unless n_ubatch > n_rs_seq + 1
+    (`split_equal`'s n_keep_tail), on every architecture it rolls back. 0: checkpoints only."""
+    return max(0, min(int(wanted), int(n_ubatch) - 2))
 
 
 def cannot_be_cut(model_ptr) -> bool:
@@ -50,13 +61,9 @@ class Checkpoints:
         finally:
             self.active = was
 
-    def before(self, ctx, position: int, n: int) -> None:
-        """Before a decode of n tokens at `position`: save the state unless llama.cpp's rollback covers a rewind
-        into them (any keeping one of them, at most n - 1 removed)."""
-        if not (self.rollback and n - 1 <= self.rollback):
-            self.save(ctx, position)
-
     def save(self, ctx, position: int) -> None:
+        """Save the state before a decode at `position`, even where llama.cpp's rollback covers a rewind keeping
+        one of the decoded tokens: a rewind of the whole batch (a near-tie at its first row) needs this one."""
         if not self.active or (self.saved and self.saved[-1][0] == position):
             return
         size = C.llama_state_seq_get_size_ext(ctx, 0, PARTIAL)
@@ -82,8 +89,11 @@ class Checkpoints:
 
     def rewind(self, context, n_keep: int) -> None:
         """Rewind a backend.Context to n_keep tokens: restore, cut the attention part, decode the rest again."""
-        if (self.rollback and context.n_past - n_keep <= self.rollback and n_keep > self.batch_start
-                and context.cut(n_keep)):  # llama.cpp rolled its state back itself
+        # llama.cpp rolls its state back itself where the rewind keeps a draft of the batch (whose state is the
+        # batch's either way); one keeping the batch's first token alone decodes it again by itself, as target-only
+        # decoding does: a batch's state differs in the last bits, and at a later near-tie so would the text
+        if (self.rollback and context.n_past - n_keep <= self.rollback and n_keep > self.batch_start + 1
+                and context.cut(n_keep)):
             self._drop_after(n_keep)
             return
         replay = context.tokens[:n_keep]
