@@ -195,3 +195,22 @@ def test_tune_sweeps_the_mtp_draft_length(mtp_models):
     modes = [w for line in r.stdout.splitlines() if line[:1].isdigit() for w in line.split()
              if w in ("target", "draft", "mtp", "auto")]
     assert modes.count("mtp") == 2 and "target" in modes and "auto" in modes and "draft" not in modes
+
+
+def test_the_planner_counts_the_mtp_context(mtp_models):
+    """Its KV (the MTP block is one of the layers) and a compute buffer of its own, beside the target's: what
+    llama.cpp allocates for the two contexts stays within the plan."""
+    from ggufspec.models.offload import sizes_for
+
+    with_mtp, plain = sizes_for(mtp_models["glm4moe"]), sizes_for(mtp_models["plain"])
+    assert with_mtp.mtp_layers == 1 and plain.mtp_layers == 0
+    assert with_mtp.compute_bytes() == 2 * plain.compute_bytes()
+    assert with_mtp.kv_bytes(2, 4096) > 0
+    with Engine(mtp_models["glm4moe"], n_ctx=4096, measure=False) as e:
+        kv = sum(e.target_ctx.buffers["KV"].values()) + sum(e.mtp_head.buffers["KV"].values())
+        compute = sum(e.target_ctx.buffers["compute"].values()) + sum(e.mtp_head.buffers["compute"].values())
+    assert kv * MiB <= sum(with_mtp.kv_bytes(i, 4096) for i in range(with_mtp.n_layers)) * 1.01
+    assert compute * MiB <= with_mtp.compute_bytes()
+
+
+MiB = 1 << 20

@@ -46,6 +46,7 @@ class ModelSizes:
     kv_layers: tuple[int, ...] | None = None  # the layers with a KV cache (a hybrid's attention layers); None: all
     type_k: str = "f16"  # the KV cache's types (-ctk, -ctv)
     type_v: str = "f16"
+    mtp_layers: int = 0  # MTP (NextN) blocks among the layers: their own context (KV counted per layer, a compute buffer)
 
     def kv_bytes_per_layer(self, n_ctx: int) -> int:
         """The KV cache of one attention layer (K and V at their types' bytes per element)."""
@@ -65,8 +66,9 @@ class ModelSizes:
 
     def compute_bytes(self, n_ubatch: int = 512) -> int:
         """Allowance for llama.cpp's compute buffer on the GPU: a batch's logits (CUDA keeps them on the device;
-        Vulkan in host memory), its activations, and slack for attention without flash attention."""
-        return n_ubatch * (self.n_vocab + 16 * self.n_embd) * 4 + 32 * MiB
+        Vulkan in host memory), its activations, and slack for attention without flash attention; twice that for a
+        model with MTP layers, whose context (`--mode mtp`, auto) decodes every batch the target decodes."""
+        return (2 if self.mtp_layers else 1) * (n_ubatch * (self.n_vocab + 16 * self.n_embd) * 4 + 32 * MiB)
 
     @property
     def file_bytes(self) -> int:
@@ -93,7 +95,7 @@ def sizes_from_info(info) -> ModelSizes:
         output = embed
     return ModelSizes(info.name, info.n_layers, tuple(layers), output, embed, info.n_embd, info.n_head_kv,
                       info.head_dim_k, info.n_vocab, expert_bytes=tuple(experts) if any(experts) else (),
-                      kv_layers=info.kv_layers)
+                      kv_layers=info.kv_layers, mtp_layers=info.n_nextn)
 
 
 def sizes_from_spec(spec) -> ModelSizes:
