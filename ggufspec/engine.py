@@ -20,11 +20,12 @@ import numpy as np
 
 from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
-from .llama.heads import MtpHead, check_mtp
+from .llama.gguf_info import read_info
+from .llama.heads import MtpHead, check_mtp, is_mtp_file
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible
-from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, MODES, MTP_MODES, Stats  # noqa: F401  (Stats: part of the API)
+from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, MODEL_MODES, MODES, MTP_MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import HeadDrafter, ModelDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
@@ -64,7 +65,7 @@ class Engine(Closing):
         kv_cache_type(type_k, "-ctk/--cache-type-k")
         kv_cache_type(type_v, "-ctv/--cache-type-v")
         set_verbose(verbose)
-        self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = self.mtp_head = None
+        self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = self.mtp_head = self.mtp_model = None
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
         # spreads over them and the draft stays on this machine.
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
@@ -74,8 +75,13 @@ class Engine(Closing):
             check_kv_cache_types(self.target_model.info, *cache_types)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                       rollback=ROLLBACK_ROWS, cache_types=cache_types)
-            if self.target_model.mtp_loaded:
-                self.mtp_head = MtpHead(self.target_ctx)
+            if draft is not None and is_mtp_file(read_info(draft)):  # a sibling mtp-*.gguf: the target's MTP layers
+                self.mtp_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="MTP layers", devices=draft_devices,
+                                       mtp=True)
+                check_compatible(self.target_model, self.mtp_model)
+                draft = None
+            if self.target_model.mtp_loaded or self.mtp_model is not None:
+                self.mtp_head = MtpHead(self.target_ctx, model=self.mtp_model)
             if draft is not None:
                 self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
                 check_compatible(self.target_model, self.draft_model)
@@ -202,7 +208,9 @@ class Engine(Closing):
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:
             model.p_min = s.draft_p_min or 0.0
-        if s.mode in MTP_MODES:
+        if s.mode in MODEL_MODES and self.draft_model is None and self.mtp_model is not None:
+            s = replace(s, mode=MTP_MODES[0])  # -md named the target's MTP layers (a sibling mtp-*.gguf): use them
+        if s.mode in MTP_MODES and self.mtp_head is None:
             check_mtp(self.target_model)
         head = HeadDrafter(self.mtp_head, p_min=s.draft_p_min or 0.0) if self.mtp_head is not None else None
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
@@ -268,7 +276,7 @@ class Engine(Closing):
                 turn.release()
 
     def _free(self) -> None:
-        for name in ("draft_ctx", "draft_model", "mtp_head", "target_ctx", "target_model"):
+        for name in ("draft_ctx", "draft_model", "mtp_head", "mtp_model", "target_ctx", "target_model"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()

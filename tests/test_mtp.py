@@ -214,3 +214,23 @@ def test_the_planner_counts_the_mtp_context(mtp_models):
 
 
 MiB = 1 << 20
+
+
+def test_a_sibling_mtp_file_given_as_the_draft(tmp_path):
+    """llama.cpp's converter with --mtp writes the MTP layers to a file of their own beside a trunk-only model:
+    given with -md, ggufspec drafts with them as llama.cpp's draft-mtp does, and the text is the target's."""
+    whole = write_tiny_glm4moe_mtp(tmp_path / "whole.gguf")
+    trunk = write_tiny_glm4moe_mtp(tmp_path / "trunk.gguf", part="trunk")
+    layers = write_tiny_glm4moe_mtp(tmp_path / "mtp-trunk.gguf", part="mtp")
+    with Engine(whole, n_ctx=512) as e:
+        expected = e.generate(PROMPTS[0], max_tokens=32, mode="mtp", draft_max=3)
+    with Engine(trunk, layers, n_ctx=512) as e:
+        assert e.draft_model is None and e.mtp_head is not None
+        target = e.generate(PROMPTS[0], max_tokens=32, mode="target")
+        for mode in ("mtp", "draft", "auto"):
+            r = e.generate(PROMPTS[0], max_tokens=32, mode=mode, draft_max=3)
+            assert r.tokens == target.tokens == expected.tokens, mode
+        r = e.generate(PROMPTS[0], max_tokens=32, mode="mtp", draft_max=3)
+        assert (r.stats.n_drafted, r.stats.n_accepted) == (expected.stats.n_drafted, expected.stats.n_accepted)
+    result = run("generate", "-m", trunk, "-md", layers, "-p", PROMPTS[0], "-n", "8", "--mode", "mtp", "-c", "256")
+    assert result.exit_code == 0, result.output

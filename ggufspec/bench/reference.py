@@ -135,7 +135,7 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
     cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
            "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
            "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
-    if draft is not None and spec_type == "draft-simple":  # draft-mtp drafts with the target's own layers
+    if draft is not None and spec_type in ("draft-simple", "draft-mtp"):  # draft-mtp: a sibling mtp-*.gguf
         cmd[3:3] = ["-md", str(draft)]
     for _ in range(LOST_LOG_TRIES):  # llama.cpp's log thread can lose the last lines at exit: run again then
         code, stdout, stderr = _call(cmd, bin_dir)
@@ -220,6 +220,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     bin_dir = Path(bin_dir)
     target = engine.target_model.path
     draft = engine.draft_model.path if engine.draft_model else None
+    mtp_file = engine.mtp_model.path if getattr(engine, "mtp_model", None) else None  # a sibling mtp-*.gguf
     threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
     depths = depths or {group: 0 for group in groups}
     try:
@@ -245,7 +246,8 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
         for spec_type, k in configs:
             if (spec_type, k) in failed or "hung" in failed:
                 continue
-            run_one = functools.partial(speculative_simple, bin_dir, target, draft, n_tokens=n_tokens, threads=threads,
+            second = mtp_file if spec_type == "draft-mtp" else draft
+            run_one = functools.partial(speculative_simple, bin_dir, target, second, n_tokens=n_tokens, threads=threads,
                                         n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type)
             try:
                 row = _speculative_row(run_one, texts, ours, spec_type, k, target_tps.get(group), group, note)

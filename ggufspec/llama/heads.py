@@ -41,6 +41,12 @@ def check_mtp_file(path) -> int:
     return _mtp_blocks(path, read_info(path))
 
 
+def is_mtp_file(info) -> bool:
+    """Whether a GGUF holds MTP layers alone (llama.cpp's converter with --mtp writes such an `mtp-*.gguf` beside
+    a trunk-only model): MTP blocks and no trunk (llama.cpp's loader tells them so, by a missing blk.0.attn_norm)."""
+    return bool(info.n_nextn) and not any(t.name == "blk.0.attn_norm.weight" for t in info.tensors)
+
+
 def check_mtp(model) -> int:
     """The MTP blocks of a loaded backend.Model, or one clear line why it has none to draft with."""
     n = _mtp_blocks(model.path, model.info)
@@ -57,16 +63,20 @@ def _mtp_blocks(path, info) -> int:
 
 
 class MtpHead(Closing):
-    """A target model's MTP block on its own context, following the target Context `target` (see the module)."""
+    """A target model's MTP block on its own context, following the target Context `target` (see the module).
+    model: where the block is, where not in the target's own file (a sibling MTP GGUF, loaded with mtp=True)."""
 
     name = "mtp"
 
-    def __init__(self, target, *, n_threads: int | None = None):
-        self.n_layers = check_mtp(target.model)
+    def __init__(self, target, *, model=None, n_threads: int | None = None):
+        model = model or target.model
+        self.n_layers = check_mtp(model)
         self.target = target
         self.X = ext()
-        model = target.model
-        self.n_embd = int(C.llama_model_n_embd_out(model._model)) or int(C.llama_model_n_embd(model._model))
+        self.n_embd = _width(model)
+        if self.n_embd != _width(target.model):  # llama.cpp asserts it when drafting: said here in one line
+            raise GGUFSpecError(f"{model.path}: its MTP layers read hidden states {self.n_embd} wide, the target's "
+                                f"are {_width(target.model)}: it is another model's")
         self.n_vocab = target.n_vocab
         params = C.llama_context_default_params()
         params.n_ctx = int(C.llama_n_ctx(target._ctx))
@@ -218,3 +228,7 @@ class MtpHead(Closing):
         if getattr(self, "_ctx", None):
             C.llama_free(self._ctx)
             self._ctx = None
+
+
+def _width(model) -> int:
+    return int(C.llama_model_n_embd_out(model._model)) or int(C.llama_model_n_embd(model._model))

@@ -116,13 +116,14 @@ def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
     use, checked against the files before anything loads (mtp: the target's MTP layers)."""
     from ..core import MTP_MODES
     from ..engine import Engine
-    from ..llama.heads import check_mtp_file
+    from ..llama.gguf_info import read_info
+    from ..llama.heads import check_mtp_file, is_mtp_file
     from .offload import cpu_moe_value, resolve_layers
     from ..llama.rpc import budgets, devices_for
 
     target, draft, defaults = resolve_models(o.pair, o.target, o.draft, registry=o.registry, offline=o.offline,
                                              use_default=o.use_default)
-    if any(m in MTP_MODES for m in modes):
+    if any(m in MTP_MODES for m in modes) and not (draft and is_mtp_file(read_info(draft))):
         check_mtp_file(target)
     target_devices, draft_devices = devices_for(o.rpc, o.devices, o.draft_devices)
     # The planner's budgets: the free memory of the devices each model may use (none named: any GPU found).
