@@ -242,3 +242,47 @@ def test_a_rollback_is_counted_and_auto_drafts_shorter_or_not_at_all_where_it_co
                     lookup=LookupDrafter(), model=object(), draft_cost=0.006)
     d.model_alpha = Estimate(0.7, 1000)
     assert d.propose([1, 2, 3], 8, None, None).source == "target"  # nothing drafted: the target steps alone
+
+
+class _Head:
+    """A model's MTP head as HeadDrafter sees it: always ready, its drafts a fixed run of tokens."""
+
+    n_ctx, n_vocab = 4096, 16
+
+    def ready(self, n_past):
+        return True
+
+    def begin(self, token, position):
+        return self._logits(token)
+
+    def step(self, token):
+        return self._logits(token)
+
+    def end(self):
+        pass
+
+    @staticmethod
+    def _logits(token):
+        import numpy as np
+
+        out = np.zeros(16)
+        out[(token + 1) % 16] = 10.0
+        return out
+
+
+@pytest.mark.parametrize("table,mtp_step,used", [(gpu_like, 0.004, True), (cpu_like, 0.040, False)])
+def test_auto_takes_the_mtp_head_only_where_it_pays(table, mtp_step, used):
+    """Cheap verify batches and a cheap head: auto drafts with it; where even an always-right head would lose
+    (a CPU's batch costs nearly a step per row, the head as much as a step), auto never follows with it."""
+    import dataclasses
+
+    import numpy as np
+
+    from ggufspec.drafters import HeadDrafter
+    from ggufspec.sampling import SamplingParams
+
+    costs = dataclasses.replace(table(), mtp_token_seconds=mtp_step)
+    d = AutoDrafter(Verification.of(costs, False), costs, lookup=LookupDrafter(), head=HeadDrafter(_Head()))
+    assert (d.mtp is not None) == used
+    draft = d.propose([1, 2, 3], 4, SamplingParams(), np.random.default_rng(0))
+    assert (draft.source == "mtp" and draft.tokens[:2] == [4, 5]) if used else draft.source != "mtp"
