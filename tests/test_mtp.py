@@ -234,3 +234,30 @@ def test_a_sibling_mtp_file_given_as_the_draft(tmp_path):
         assert (r.stats.n_drafted, r.stats.n_accepted) == (expected.stats.n_drafted, expected.stats.n_accepted)
     result = run("generate", "-m", trunk, "-md", layers, "-p", PROMPTS[0], "-n", "8", "--mode", "mtp", "-c", "256")
     assert result.exit_code == 0, result.output
+
+
+def test_unseeded_sampling_follows_the_targets_distribution(mtp_models):
+    """Leviathan's rule with the head's q: the second token (the first a round drafts) follows p, not q."""
+    from ggufspec.sampling import probs_from_logits
+    from stats import assert_follows_p_not_q
+
+    params = SamplingParams(temperature=1.0)
+    with Engine(mtp_models["glm4moe"], n_ctx=256) as e:
+        prompt = e.target_model.tokenize(PROMPTS[0])
+        ctx, head = e.target_ctx, e.mtp_head
+        head.activate(True)
+        ctx.clear()
+        p1 = probs_from_logits(ctx.decode(prompt)[0], params)
+        t1 = int(np.argmax(p1))
+        q = probs_from_logits(head.begin(t1, len(prompt)), params).copy()
+        head.end()
+        p = probs_from_logits(ctx.decode([t1])[0], params).copy()
+        counts, drafted = np.zeros(len(p)), 0
+        for _ in range(4000):
+            r = e.generate(prompt_tokens=prompt, max_tokens=3, temperature=1.0, mode="mtp", draft_max=2,
+                           ignore_eos=True, sampling_rule="rejection")
+            if r.tokens[0] == t1:
+                counts[r.tokens[1]] += 1
+                drafted += r.stats.n_drafted
+    assert drafted > 0 and counts.sum() > 500
+    assert_follows_p_not_q(counts, p, q)
