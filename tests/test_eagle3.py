@@ -44,7 +44,7 @@ def heads(files, target):
 
 
 def run_with(ctx, head, prompt, draft_max, n=48, **kw):
-    for other in ctx.followers:  # one head follows at a time (each turns the target's extraction on)
+    for other in ctx.followers:  # one head follows at a time; turning one off keeps the rows the next reads
         other.activate(other is head)
     return speculative_simple_counts(ctx, head, ctx.model.tokenize(prompt), n, draft_max, **kw)
 
@@ -68,10 +68,10 @@ def test_greedy_text_is_the_targets(target, heads, kind):
     """d2t and full-vocabulary heads, one reading the target's final hidden state: the text is target-only's."""
     for prompt in PROMPTS:
         _, _, plain = run_with(target, None, prompt, 0, 40)
-        for draft_max in (1, 3, 6):
+        for draft_max in (2, 5):
             drafted, accepted, tokens = run_with(target, heads[kind], prompt, draft_max, 40,
                                                  verification=Verification())
-            assert tokens == plain, (prompt, draft_max)
+            assert tokens[: len(plain)] == plain, (prompt, draft_max)  # a round may end past n
             assert 0 < accepted <= drafted
 
 

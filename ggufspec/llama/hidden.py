@@ -188,7 +188,10 @@ class Eagle3Head(Closing):
             self.active = on
 
     def _extract(self, on: bool) -> None:
-        for lid in self.layer_ids:
+        # rows another active follower reads stay on (reading rows not extracted aborts inside llama.cpp)
+        kept = set() if on else {lid for f in self.target.followers if f is not self and f.active
+                                 for lid in getattr(f, "layer_ids", [self.n_layer_target])}
+        for lid in (i for i in self.layer_ids if i not in kept):
             if lid < self.n_layer_target:
                 self.S.llama_set_embeddings_layer_inp(self.target._ctx, lid, bool(on))
             else:  # the final hidden state: the target's own pre-norm rows, one per batch token
