@@ -29,9 +29,23 @@ EAGLE3_LAYERS = 3  # target layers an EAGLE-3 draft reads (llama.cpp refuses any
 
 
 def _bind(names, argtypes, restype):
-    """A staging-API function under its plain or C++-mangled name (ImportError where this build lacks it)."""
+    """A staging-API function under its plain or C++-mangled name (ImportError where this build lacks it), by
+    llama-cpp-python's own lookup where it has one."""
     from llama_cpp import llama_cpp as L
 
+    try:
+        from llama_cpp.llama_cpp_ext import _ctypes_function_from_names
+    except ImportError:
+        _ctypes_function_from_names = None
+    if _ctypes_function_from_names is not None:
+        try:
+            def stub():
+                """A staging-API function of llama.cpp (src/llama-ext.h)."""
+
+            stub.__name__ = stub.__qualname__ = names[0]
+            return _ctypes_function_from_names(names, argtypes, restype)(stub)
+        except AttributeError as e:
+            raise ImportError(str(e)) from None
     for name in names:
         func = getattr(L._lib, name, None)
         if func is not None:
