@@ -7,20 +7,12 @@ one line for a model without MTP layers, and the drafted and accepted counts equ
 (llama-speculative-simple) on the same model, prompt and length.
 """
 
-import os
-import subprocess
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from clirun import one_line, run
 from ggufspec import Engine
-from ggufspec.drafters import HeadDrafter
 from ggufspec.errors import GGUFSpecError
-from ggufspec.sampling import SamplingParams
-from ggufspec.speculative import speculative_step
-from ggufspec.verification import Verification
+from spec_order import reference_bin, speculative_simple_counts
 from tiny_mtp import write_tiny_glm4moe_mtp, write_tiny_qwen35_mtp
 
 PROMPTS = ["def fib(n):", "The quick brown fox"]
@@ -114,44 +106,6 @@ def test_spec_type_draft_mtp_is_mode_mtp(mtp_models):
 
 # -- beside llama.cpp's own draft-mtp ------------------------------------------------------------------
 
-def speculative_simple_counts(engine, prompt: str, n_predict: int, draft_max: int) -> tuple[int, int, list[int]]:
-    """ggufspec's own round (speculative_step, HeadDrafter, the MTP head following the target) in llama.cpp's
-    speculative-simple order: the prompt but its last token decoded, then rounds from the last prompt token,
-    each verified in one batch (as llama.cpp does, near-ties not re-decoded), until more than n_predict tokens;
-    end-of-generation ignored (--ignore-eos). Where no draft fits the budget llama.cpp drafts its whole n_max all
-    the same (common_speculative_draft truncates only to a budget above 0): so here. Returns (drafted, accepted,
-    tokens)."""
-    ctx, head = engine.target_ctx, engine.mtp_head
-    head.activate(True)
-    ctx.clear()
-    prompt_tokens = engine.target_model.tokenize(prompt)
-    with ctx.no_rewind():
-        ctx.decode(prompt_tokens[:-1], logits="none")
-    drafter, params, rng = HeadDrafter(head), SamplingParams(), np.random.default_rng(0)
-    verification = Verification(exact=False, tie_margin=0.0)
-    history, n_out, drafted, accepted = list(prompt_tokens), 0, 0, 0
-    while n_out <= n_predict:
-        budget = max(0, min(draft_max, ctx.n_ctx - (len(history) - 1) - 2, n_predict - n_out - 1)) or draft_max
-        r = speculative_step(ctx, drafter, history, budget, params, rng, verification=verification)
-        drafted, accepted, n_out = drafted + r.n_drafted, accepted + r.n_accepted, n_out + len(r.tokens)
-        history += r.tokens
-    return drafted, accepted, history[len(prompt_tokens):]
-
-
-def reference_bin() -> Path:
-    import llama_cpp
-
-    folder = os.environ.get("LLAMA_CPP_REFERENCE_BIN") or (
-        Path.home() / ".cache" / "llama-cpp-reference" / llama_cpp.__version__ / "build" / "bin")
-    path = Path(folder) / "llama-speculative-simple"
-    if not os.access(path, os.X_OK):
-        message = f"{path} not found: build it with ../shared/tools/llama-cpp-reference"
-        if os.environ.get("GGUFSPEC_REQUIRE_LLAMA_CPP") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
 @pytest.mark.parametrize("draft_max", [1, 2, 3, 4])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, prompt, draft_max):
@@ -161,7 +115,8 @@ def test_accepted_counts_equal_llama_cpps_draft_mtp(engine, prompt, draft_max):
     n = 48
     theirs = speculative_simple(program.parent, engine.target_model.path, None, prompt, n,
                                 engine.target_ctx.n_threads, engine.n_ctx, draft_max, "draft-mtp")
-    drafted, accepted, _ = speculative_simple_counts(engine, prompt, n, draft_max)
+    tokens = engine.target_model.tokenize(prompt)
+    drafted, accepted, _ = speculative_simple_counts(engine.target_ctx, engine.mtp_head, tokens, n, draft_max)
     assert 0 < theirs["n_accepted"] < theirs["n_drafted"]  # some drafts rejected: the rewinds are compared too
     assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
 

@@ -135,7 +135,7 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
     cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
            "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
            "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
-    if draft is not None and spec_type in ("draft-simple", "draft-mtp"):  # draft-mtp: a sibling mtp-*.gguf
+    if draft is not None and spec_type.startswith("draft-"):  # draft-mtp's is a sibling mtp-*.gguf, where given
         cmd[3:3] = ["-md", str(draft)]
     for _ in range(LOST_LOG_TRIES):  # llama.cpp's log thread can lose the last lines at exit: run again then
         code, stdout, stderr = _call(cmd, bin_dir)

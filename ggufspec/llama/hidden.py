@@ -1,0 +1,347 @@
+"""Drafts that read the target's hidden states (llama.cpp's `eagle3` architecture), driven as llama.cpp's
+`common/speculative.cpp` (draft-eagle3) drives them, through llama.cpp's staging API (`src/llama-ext.h`).
+
+An `Eagle3Head` is an EAGLE-3 draft model on a context of its own (`ctx_other` = the target's) that *follows*
+a target `Context`, as `heads.MtpHead` does: every batch the target decodes, the inputs of three target layers
+(the draft's `target_layers`; the target's n_layer meaning its final hidden state) go through the draft's
+encoder (one fused row g per position), and the draft's decoder takes at position P the pair (token P + 1,
+g[P]). A batch's last pair needs the token after it, which only the next batch or the next draft knows: it is
+*deferred* (`pending`: g and position), written by the next batch's first token (the bridge) or by the next
+draft's first step (with the last token of the history). A rewind to n_keep makes the row at n_keep - 1 the
+pending one and forgets the draft's positions from n_keep - 1 on. A draft runs the decoder from the pending
+pair (`begin`), then each drafted token with the decoder's own hidden state (`step`); `end` forgets the
+drafted positions but the first (its pair is the right one). Misuses abort the process inside llama.cpp (a
+layer id past the target's layers, an encoder batch past n_ubatch), so each is checked here before the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+from ..errors import GGUFSpecError
+from .heads import ROW_WINDOW, ext
+from .runtime import C, Closing, buffers, create_context, decode_failed
+
+EAGLE3_LAYERS = 3  # target layers an EAGLE-3 draft reads (llama.cpp refuses any other count)
+
+
+def _bind(names, argtypes, restype):
+    """A staging-API function under its plain or C++-mangled name (ImportError where this build lacks it), by
+    llama-cpp-python's own lookup where it has one."""
+    from llama_cpp import llama_cpp as L
+
+    try:
+        from llama_cpp.llama_cpp_ext import _ctypes_function_from_names
+    except ImportError:
+        _ctypes_function_from_names = None
+    if _ctypes_function_from_names is not None:
+        try:
+            def stub():
+                """A staging-API function of llama.cpp (src/llama-ext.h)."""
+
+            stub.__name__ = stub.__qualname__ = names[0]
+            return _ctypes_function_from_names(names, argtypes, restype)(stub)
+        except AttributeError as e:
+            raise ImportError(str(e)) from None
+    for name in names:
+        func = getattr(L._lib, name, None)
+        if func is not None:
+            func.argtypes, func.restype = argtypes, restype
+            return func
+    raise ImportError(f"this llama.cpp build has none of {', '.join(names)}")
+
+
+class Staging:
+    """The staging functions llama-cpp-python 0.3.36 does not bind (`src/llama-ext.h`), bound once."""
+
+    _bound = None
+
+    def __init__(self):
+        from llama_cpp import llama_cpp as L
+
+        ctx, model = L.llama_context_p_ctypes, L.llama_model_p_ctypes
+        self.llama_set_embeddings_layer_inp = _bind(
+            ("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+             "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z"),
+            [ctx, ctypes.c_uint32, ctypes.c_bool], None)
+        self.llama_get_embeddings_layer_inp = _bind(
+            ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+             "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"),
+            [ctx, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float))
+        self.llama_model_target_layer_ids = _bind(
+            ("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
+             "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z"),
+            [model], ctypes.POINTER(ctypes.c_int32))
+        self.llama_model_target_layer_ids_n = _bind(
+            ("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model",
+             "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z"),
+            [model], ctypes.c_uint32)
+
+    @classmethod
+    def get(cls) -> "Staging":
+        if cls._bound is None:
+            cls._bound = cls()
+        return cls._bound
+
+
+def target_layer_ids(draft_model) -> list[int]:
+    """The target layers whose inputs a draft reads (llama.cpp's `*.target_layers`; [] for other models)."""
+    S = Staging.get()
+    n = int(S.llama_model_target_layer_ids_n(draft_model._model))
+    ids = S.llama_model_target_layer_ids(draft_model._model)
+    return [int(ids[i]) for i in range(n)] if n and ids else []
+
+
+def check_eagle3(target_model, draft_model) -> list[int]:
+    """The target layer ids an EAGLE-3 draft reads, or one clear line why it cannot draft for this target."""
+    arch = draft_model.meta("general.architecture")
+    ids = target_layer_ids(draft_model)
+    if arch != "eagle3" or len(ids) != EAGLE3_LAYERS:
+        raise GGUFSpecError(f"{draft_model.path}: is not an EAGLE-3 draft (architecture {arch}, "
+                            f"{len(ids)} target layers read; EAGLE-3 reads {EAGLE3_LAYERS}); give an eagle3 GGUF with -md")
+    n_layer = int(C.llama_model_n_layer(target_model._model))
+    beyond = [i for i in ids if not 0 <= i <= n_layer]
+    if beyond:
+        raise GGUFSpecError(f"{draft_model.path}: reads target layer {beyond[0]}, but {target_model.path} has "
+                            f"{n_layer} layers: this draft was made for another target model")
+    width, n_embd = draft_model.meta("eagle3.target_hidden_size"), int(C.llama_model_n_embd(target_model._model))
+    if width is not None and int(width) != n_embd:
+        raise GGUFSpecError(f"{draft_model.path}: reads hidden states of width {width}, but {target_model.path}'s "
+                            f"are {n_embd} wide: this draft was made for another target model")
+    if draft_model.n_vocab != target_model.n_vocab:
+        raise GGUFSpecError(f"{draft_model.path}: its vocabulary has {draft_model.n_vocab} tokens, "
+                            f"{target_model.path}'s {target_model.n_vocab}: an EAGLE-3 draft takes its target's")
+    return ids
+
+
+class _Batch:
+    """A llama_batch of one sequence with numpy views: tokens (ours, where it pairs them with rows) and rows."""
+
+    def __init__(self, n: int, width: int, *, tokens: bool):
+        self.n = n
+        self.batch = C.llama_batch_init(n, width, 1)
+        self.tokens = (C.llama_token * n)() if tokens else None
+        if tokens:
+            self.batch.token = self.tokens  # llama_batch_init made room for rows only: the tokens are ours
+        for i in range(n):
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = 0
+        self.token = np.ctypeslib.as_array(self.tokens, shape=(n,)) if tokens else None
+        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(n,))
+        self.out = np.ctypeslib.as_array(self.batch.logits, shape=(n,))
+        self.rows = np.ctypeslib.as_array(self.batch.embd, shape=(n, width))
+
+    def free(self) -> None:
+        if self.batch is not None:
+            if self.tokens is not None:
+                self.batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama_batch_free's
+            C.llama_batch_free(self.batch)
+            self.batch = None
+
+
+class Eagle3Head(Closing):
+    """An EAGLE-3 draft on its own context, following the target Context `target` (see the module)."""
+
+    name = "eagle3"
+
+    def __init__(self, target, draft_model, *, n_threads: int | None = None):
+        self.layer_ids = check_eagle3(target.model, draft_model)
+        self.target, self.draft_model = target, draft_model
+        self.X, self.S = ext(), Staging.get()
+        self.n_layer_target = int(C.llama_model_n_layer(target.model._model))
+        self.n_embd_target = int(C.llama_model_n_embd(target.model._model))
+        self.n_embd = int(C.llama_model_n_embd(draft_model._model))
+        self.n_vocab = target.n_vocab
+        params = C.llama_context_default_params()
+        params.n_ctx = int(C.llama_n_ctx(target._ctx))
+        params.n_batch = params.n_ubatch = int(target.n_batch)
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = int(n_threads or target.n_threads)
+        params.no_perf = True
+        params.ctx_other = target._ctx  # a draft without token_embd or output takes the target's
+        params.n_rs_seq = 0
+        params.flash_attn_type = target.flash_attn_type
+        self._ctx, log = create_context(draft_model._model, params)
+        if not self._ctx:
+            raise GGUFSpecError(f"{draft_model.path}: llama.cpp could not create the EAGLE-3 draft's context "
+                                f"(out of memory? try a smaller -c)")
+        self.buffers = buffers(log)
+        self.X.llama_set_embeddings_nextn(self._ctx, True, True)  # the decoder's pre-norm state of its outputs
+        self.n_batch = int(C.llama_n_batch(self._ctx))
+        self.n_ubatch = int(C.llama_n_ubatch(self._ctx))  # the encoder takes at most this many rows at once
+        self._mem = C.llama_get_memory(self._ctx)
+        self._dec = _Batch(self.n_batch, self.n_embd, tokens=True)
+        self._enc = _Batch(self.n_ubatch, EAGLE3_LAYERS * self.n_embd_target, tokens=False)
+        self._enc.out[:] = 1
+        self.n_target = 0  # the target's positions this head has followed
+        self.n_draft = 0  # the draft context's positions (pairs 0..n_draft-1)
+        self.pending_pos = -1  # the deferred pair's position (-1: none), and its g
+        self.pending_g = np.zeros(self.n_embd, dtype=np.float32)
+        self.synced = True
+        self.active = False
+        self._g: dict[int, np.ndarray] = {}  # g rows by position (a window, see heads.ROW_WINDOW)
+        self._h = self.pending_g
+        self._drafting = 0
+        self.seconds = {"encode": 0.0, "catch_up": 0.0, "draft": 0.0}
+        self.rows_fed = 0
+        target.followers.append(self)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    # -- following the target -------------------------------------------------------------------
+
+    def activate(self, on: bool) -> None:
+        """Follow the target's decodes (on) or not: the target outputs the layers' inputs only while followed."""
+        if on != self.active:
+            self._extract(on)
+            self.active = on
+
+    def _extract(self, on: bool) -> None:
+        # rows another active follower reads stay on (reading rows not extracted aborts inside llama.cpp)
+        kept = set() if on else {lid for f in self.target.followers if f is not self and f.active
+                                 for lid in getattr(f, "layer_ids", [self.n_layer_target])}
+        for lid in (i for i in self.layer_ids if i not in kept):
+            if lid < self.n_layer_target:
+                self.S.llama_set_embeddings_layer_inp(self.target._ctx, lid, bool(on))
+            else:  # the final hidden state: the target's own pre-norm rows, one per batch token
+                self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)
+
+    def ready(self, n_past: int) -> bool:
+        """Whether a draft can start at position n_past (the pair at n_past - 1 is the deferred one)."""
+        return (self.active and self.synced and self.n_target == n_past and n_past > 0
+                and self.pending_pos == n_past - 1)
+
+    def process(self, start: int, tokens: np.ndarray) -> None:
+        """The target decoded `tokens` at start..: encode its layers' rows, decode the pairs they complete."""
+        if not self.active or not self.synced or start != self.n_target:
+            self.synced = False
+            return
+        m = len(tokens)
+        g = self._encode(m)
+        dec, n = self._dec, 0
+        if self.n_draft > start:  # positions a rewind did not reach (a draft's first pair): written again here
+            C.llama_memory_seq_rm(self._mem, 0, start, -1)
+            self.n_draft = start
+        if self.pending_pos >= 0 and self.pending_pos + 1 == start and self.pending_pos >= self.n_draft:
+            dec.token[0], dec.pos[0], dec.rows[0] = tokens[0], self.pending_pos, self.pending_g  # the bridge
+            n = 1
+        dec.token[n : n + m - 1] = tokens[1:]
+        dec.pos[n : n + m - 1] = np.arange(start, start + m - 1, dtype=np.int32)
+        dec.rows[n : n + m - 1] = g[: m - 1]
+        n += m - 1
+        if n:
+            dec.out[:n] = 0
+            self._decode(n, "catch_up")
+            self.rows_fed += n
+        self.n_draft = start + m - 1
+        self.pending_pos, self.pending_g = start + m - 1, g[m - 1]
+        for k in range(m):
+            self._g[start + k] = g[k]
+        self.n_target = start + m
+        low = self.n_target - ROW_WINDOW
+        for p in [p for p in self._g if p < low and (p + 1) % self.n_batch]:
+            del self._g[p]
+
+    def _encode(self, m: int) -> np.ndarray:
+        """The encoder's g rows of the target's last batch of m tokens, in chunks of at most n_ubatch rows."""
+        w = self.n_embd_target
+        layers = []
+        for lid in self.layer_ids:
+            rows = (self.S.llama_get_embeddings_layer_inp(self.target._ctx, lid) if lid < self.n_layer_target
+                    else self.X.llama_get_embeddings_nextn(self.target._ctx))
+            layers.append(np.ctypeslib.as_array(rows, shape=(m, w)))
+        g = np.empty((m, self.n_embd), dtype=np.float32)
+        enc = self._enc
+        for i in range(0, m, self.n_ubatch):
+            n = min(self.n_ubatch, m - i)
+            for k, rows in enumerate(layers):
+                enc.rows[:n, k * w : (k + 1) * w] = rows[i : i + n]
+            enc.pos[:n] = np.arange(self.n_draft + i, self.n_draft + i + n, dtype=np.int32)  # unused by the encoder
+            enc.batch.n_tokens = n
+            began = time.perf_counter()
+            if C.llama_encode(self._ctx, enc.batch) != 0:
+                raise GGUFSpecError(f"{self.draft_model.path}: llama.cpp's EAGLE-3 encoder failed on {n} rows")
+            self.seconds["encode"] += time.perf_counter() - began
+            g[i : i + n] = np.ctypeslib.as_array(self.X.llama_get_embeddings_nextn(self._ctx), shape=(n, self.n_embd))
+        return g
+
+    def cut(self, n_keep: int) -> None:
+        """The target forgot its positions from n_keep on: the row at n_keep - 1 becomes the deferred pair's,
+        and the draft forgets its positions from there (the next batch or draft writes that pair)."""
+        if n_keep == 0:
+            C.llama_memory_clear(self._mem, True)
+            self.n_target = self.n_draft = 0
+            self.pending_pos, self.synced = -1, True
+            self._g.clear()
+            return
+        if n_keep >= self.n_target:
+            return
+        self.n_target = n_keep
+        g = self._g.get(n_keep - 1)
+        if g is None:
+            self.synced = False
+            return
+        self.pending_pos, self.pending_g = n_keep - 1, g
+        if self.n_draft > n_keep - 1:
+            C.llama_memory_seq_rm(self._mem, 0, n_keep - 1, -1)
+            self.n_draft = n_keep - 1
+
+    # -- drafting ---------------------------------------------------------------------------------
+
+    def begin(self, token: int, position: int) -> np.ndarray:
+        """The first draft step: the deferred pair completed with `token` (the history's last, at `position` =
+        the target's n_past). Returns the logits of the next token (a view, valid until the next step)."""
+        if self.n_draft > self.pending_pos:
+            C.llama_memory_seq_rm(self._mem, 0, self.pending_pos, -1)
+            self.n_draft = self.pending_pos
+        self._drafting = 0
+        self._h = self.pending_g
+        return self.step(token)
+
+    def step(self, token: int) -> np.ndarray:
+        """The next draft step: `token` after the last one, with the decoder's own state from that step."""
+        position = self.pending_pos + self._drafting
+        if position >= self.target.n_ctx:
+            raise GGUFSpecError("the EAGLE-3 draft's context is full")
+        dec = self._dec
+        dec.token[0], dec.pos[0], dec.out[0], dec.rows[0] = token, position, 1, self._h
+        self._decode(1, "draft")
+        self._drafting += 1
+        self.n_draft = position + 1
+        self._h = np.ctypeslib.as_array(self.X.llama_get_embeddings_nextn_ith(self._ctx, 0), shape=(self.n_embd,)).copy()
+        view = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, 0), shape=(1, self.n_vocab))
+        view.flags.writeable = False
+        return view[0]
+
+    def end(self) -> None:
+        """Forget the drafted positions but the first (the deferred pair, now complete)."""
+        if self._drafting > 1:
+            C.llama_memory_seq_rm(self._mem, 0, self.pending_pos + 1, -1)
+            self.n_draft = self.pending_pos + 1
+        self._drafting = 0
+
+    def _decode(self, n: int, kind: str) -> None:
+        self._dec.batch.n_tokens = n
+        began = time.perf_counter()
+        decode_failed(C.llama_decode(self._ctx, self._dec.batch), n, self.n_draft, self.target.n_ctx)
+        self.seconds[kind] += time.perf_counter() - began
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for batch in (getattr(self, "_dec", None), getattr(self, "_enc", None)):
+            if batch is not None:
+                batch.free()
+        target = getattr(self, "target", None)
+        if target is not None and self in target.followers:
+            target.followers.remove(self)
+            if target._ctx and self.active:
+                self._extract(False)
+        if getattr(self, "_ctx", None):
+            C.llama_free(self._ctx)
+            self._ctx = None
