@@ -200,6 +200,11 @@ def test_tune_with_a_context_too_small_for_its_prompts_says_so(tiny):
              "-c 100 is too small for tune: prompt code-0 is", "give -c ")
 
 
+# tune as a process, stopped after a few runs: on the CPU alone (on a GPU, and on a software one most of all, its
+# placements make every run slow; tests/test_gpu.py tunes there). The CPU tier runs these everywhere.
+ON_THE_CPU = pytest.mark.skipif(backend.supports_gpu_offload(), reason="a GPU is here: tests/test_gpu.py tunes on it")
+
+
 def _tune_process(args, runs_done: int):
     """`ggufspec tune` as a process, its progress line shown; returns it (and its stderr so far) once it has done
     `runs_done` runs (the first 3 are warm-up: not rows)."""
@@ -216,6 +221,7 @@ def _tune_process(args, runs_done: int):
 
 
 @pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")])
+@ON_THE_CPU
 def test_tune_stopped_prints_the_finished_rows_and_saves_nothing(tiny, tmp_path, signum, said):
     """Before: Ctrl-C kept nothing, and SIGTERM ended it (143) without a word."""
     reg = _tiny_pair_registry(tiny, tmp_path)
@@ -230,6 +236,7 @@ def test_tune_stopped_prints_the_finished_rows_and_saves_nothing(tiny, tmp_path,
     assert reg.read_text() == before
 
 
+@ON_THE_CPU
 def test_tune_write_to_a_pair_renamed_meanwhile_prints_the_table_then_one_error(tiny, tmp_path):
     """The user renames the pair while tune measures: before, the file was replaced by a stub [pairs.td] lacking
     `target`, and every later command failed on it. Now the table, one Error line, the user's file as they left it."""
