@@ -219,8 +219,6 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     """
     bin_dir = Path(bin_dir)
     target = engine.target_model.path
-    draft = engine.draft_model.path if engine.draft_model else None
-    mtp_file = engine.mtp_model.path if getattr(engine, "mtp_model", None) else None  # a sibling mtp-*.gguf
     threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
     depths = depths or {group: 0 for group in groups}
     try:
@@ -229,10 +227,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
         after = None
         note(f"{e}; llama-bench's row shows only its run before ggufspec's" if llama_bench_before else
              f"{e}; llama-bench's row is left out")
-    configs = [("draft-simple", k) for k in draft_max] if draft else []
-    if getattr(engine, "mtp_head", None) is not None:  # the target's MTP layers, as --mode mtp drafts with them
-        configs += [("draft-mtp", k) for k in draft_max]
-    configs += [(t, None) for t in NGRAM_TYPES]
+    configs = _speculative_configs(engine, draft_max)
     failed: set = set()  # speculative-simple's types that failed: not run again
     for group, texts in groups.items():
         depth = depths[group]
@@ -243,10 +238,9 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
             row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg), depth=depth)
             into.append(row)
         ours = (target_texts or {}).get(group) or [(None, None)] * len(texts)
-        for spec_type, k in configs:
+        for spec_type, k, second in configs:
             if (spec_type, k) in failed or "hung" in failed:
                 continue
-            second = mtp_file if spec_type == "draft-mtp" else draft
             run_one = functools.partial(speculative_simple, bin_dir, target, second, n_tokens=n_tokens, threads=threads,
                                         n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type)
             try:
@@ -262,6 +256,17 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
             if row is not None:
                 into.append(row)
     return into
+
+
+def _speculative_configs(engine, draft_max: tuple[int, ...]) -> list[tuple[str, int | None, Path | None]]:
+    """speculative-simple's rows for this engine: (--spec-type, draft-max, the -md file): the draft model's, the
+    target's MTP layers' (their sibling file, where they are one), llama.cpp's n-gram drafters."""
+    draft = engine.draft_model.path if engine.draft_model else None
+    mtp_file = engine.mtp_model.path if getattr(engine, "mtp_model", None) else None
+    configs = [("draft-simple", k, draft) for k in draft_max] if draft else []
+    if getattr(engine, "mtp_head", None) is not None:  # the target's MTP layers, as --mode mtp drafts with them
+        configs += [("draft-mtp", k, mtp_file) for k in draft_max]
+    return configs + [(t, None, None) for t in NGRAM_TYPES]
 
 
 def _speculative_row(run_one, texts: list[str], ours: list, spec_type: str, k: int | None, target_tps: float | None,
