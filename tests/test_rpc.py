@@ -276,7 +276,7 @@ def test_more_layers_than_the_devices_hold(tiny, monkeypatch):
     """The devices' free memory as llama.cpp reports it decides; here made small."""
     from ggufspec.models.offload import resolve_layers
 
-    with pytest.raises(Exception, match=r"-ngl all: the target's devices \(RPC0\) have 0.0 GiB free, room for 0 of its 3"):
+    with pytest.raises(Exception, match=r"-ngl all: the target's devices \(RPC0\) have 0 MiB free, room for 0 of its 3"):
         resolve_layers(tiny["target"], None, "all", 0, n_ctx=256, devices={"RPC0": 1000})
     assert resolve_layers(tiny["target"], None, "auto", 0, n_ctx=256, devices={"RPC0": 1000}) == (0, 0, 0)
     assert resolve_layers(tiny["target"], None, "all", 0, n_ctx=256, devices={"RPC0": 2**30}) == (-1, 0, 0)
