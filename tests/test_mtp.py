@@ -7,11 +7,13 @@ one line for a model without MTP layers, and the drafted and accepted counts equ
 (llama-speculative-simple) on the same model, prompt and length.
 """
 
+import numpy as np
 import pytest
 
 from clirun import one_line, run
 from ggufspec import Engine
 from ggufspec.errors import GGUFSpecError
+from ggufspec.sampling import SamplingParams
 from spec_order import reference_bin, speculative_simple_counts
 from tiny_mtp import write_tiny_glm4moe_mtp, write_tiny_qwen35_mtp
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
-from tiny import _begin, _weights, _write
+from tiny import _begin, _write
 from tiny_mtp import _attention
 
 N_PRINTABLE = 95  # "\u2581" and chr(33..126), last in tiny's bytes vocabulary
