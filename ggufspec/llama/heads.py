@@ -78,21 +78,8 @@ class MtpHead(Closing):
             raise GGUFSpecError(f"{model.path}: its MTP layers read hidden states {self.n_embd} wide, the target's "
                                 f"are {_width(target.model)}: it is another model's")
         self.n_vocab = target.n_vocab
-        params = C.llama_context_default_params()
-        params.n_ctx = int(C.llama_n_ctx(target._ctx))
-        params.n_batch = params.n_ubatch = int(target.n_batch)
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = int(n_threads or target.n_threads)
-        params.no_perf = True
-        params.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._ctx
-        params.n_rs_seq = 0
-        params.flash_attn_type = target.flash_attn_type
-        self._ctx, log = create_context(model._model, params)
-        if not self._ctx:
-            raise GGUFSpecError(f"{model.path}: llama.cpp could not create the MTP layers' context "
-                                f"(out of memory? try a smaller -c)")
-        self.buffers = buffers(log)
+        self._ctx, self.buffers = follower_context(target, model, "the MTP layers' context", mtp=True,
+                                                   n_threads=n_threads)
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)
         self.n_batch = int(C.llama_n_batch(self._ctx))
         self._mem = C.llama_get_memory(self._ctx)
@@ -228,6 +215,27 @@ class MtpHead(Closing):
         if getattr(self, "_ctx", None):
             C.llama_free(self._ctx)
             self._ctx = None
+
+
+def follower_context(target, model, what: str, *, mtp: bool = False, n_threads: int | None = None):
+    """A llama.cpp context on `model` beside the target Context `target` (its n_ctx, batch, threads, flash attention;
+    `ctx_other` = the target's: a draft without token_embd or output takes the target's; no recurrent rollback):
+    (context, what llama.cpp allocated where). mtp: an MTP context of the target's own model. One line if none."""
+    params = C.llama_context_default_params()
+    params.n_ctx = int(C.llama_n_ctx(target._ctx))
+    params.n_batch = params.n_ubatch = int(target.n_batch)
+    params.n_seq_max = 1
+    params.n_threads = params.n_threads_batch = int(n_threads or target.n_threads)
+    params.no_perf = True
+    if mtp:
+        params.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP
+    params.ctx_other = target._ctx
+    params.n_rs_seq = 0
+    params.flash_attn_type = target.flash_attn_type
+    ctx, log = create_context(model._model, params)
+    if not ctx:
+        raise GGUFSpecError(f"{model.path}: llama.cpp could not create {what} (out of memory? try a smaller -c)")
+    return ctx, buffers(log)
 
 
 def _width(model) -> int:

@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
-from .heads import ROW_WINDOW, ext
-from .runtime import C, Closing, buffers, create_context, decode_failed
+from .heads import ROW_WINDOW, ext, follower_context
+from .runtime import C, Closing, decode_failed
 
 EAGLE3_LAYERS = 3  # target layers an EAGLE-3 draft reads (llama.cpp refuses any other count)
 
@@ -155,20 +155,8 @@ class Eagle3Head(Closing):
         self.n_embd_target = int(C.llama_model_n_embd(target.model._model))
         self.n_embd = int(C.llama_model_n_embd(draft_model._model))
         self.n_vocab = target.n_vocab
-        params = C.llama_context_default_params()
-        params.n_ctx = int(C.llama_n_ctx(target._ctx))
-        params.n_batch = params.n_ubatch = int(target.n_batch)
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = int(n_threads or target.n_threads)
-        params.no_perf = True
-        params.ctx_other = target._ctx  # a draft without token_embd or output takes the target's
-        params.n_rs_seq = 0
-        params.flash_attn_type = target.flash_attn_type
-        self._ctx, log = create_context(draft_model._model, params)
-        if not self._ctx:
-            raise GGUFSpecError(f"{draft_model.path}: llama.cpp could not create the EAGLE-3 draft's context "
-                                f"(out of memory? try a smaller -c)")
-        self.buffers = buffers(log)
+        self._ctx, self.buffers = follower_context(target, draft_model, "the EAGLE-3 draft's context",
+                                                   n_threads=n_threads)
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)  # the decoder's pre-norm state of its outputs
         self.n_batch = int(C.llama_n_batch(self._ctx))
         self.n_ubatch = int(C.llama_n_ubatch(self._ctx))  # the encoder takes at most this many rows at once
@@ -313,7 +301,8 @@ class Eagle3Head(Closing):
         self._decode(1, "draft")
         self._drafting += 1
         self.n_draft = position + 1
-        self._h = np.ctypeslib.as_array(self.X.llama_get_embeddings_nextn_ith(self._ctx, 0), shape=(self.n_embd,)).copy()
+        h = self.X.llama_get_embeddings_nextn_ith(self._ctx, 0)
+        self._h = np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
         view = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, 0), shape=(1, self.n_vocab))
         view.flags.writeable = False
         return view[0]
