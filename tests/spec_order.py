@@ -39,13 +39,14 @@ def speculative_simple_counts(ctx, head, prompt_tokens: list[int], n_predict: in
     return drafted, accepted, history[len(prompt_tokens):]
 
 
-def reference_bin() -> Path:
-    """llama-speculative-simple of the llama.cpp this llama-cpp-python wraps (skip, or fail where required)."""
+def reference_bin(program: str = "llama-speculative-simple") -> Path:
+    """A program of the llama.cpp this llama-cpp-python wraps, from ../shared/tools/llama-cpp-reference's build
+    (LLAMA_CPP_REFERENCE_BIN, else its default cache): skipped where absent, failed where CI requires it."""
     import llama_cpp
 
     folder = os.environ.get("LLAMA_CPP_REFERENCE_BIN") or (
         Path.home() / ".cache" / "llama-cpp-reference" / llama_cpp.__version__ / "build" / "bin")
-    path = Path(folder) / "llama-speculative-simple"
+    path = Path(folder) / program
     if not os.access(path, os.X_OK):
         message = f"{path} not found: build it with ../shared/tools/llama-cpp-reference"
         if os.environ.get("GGUFSPEC_REQUIRE_LLAMA_CPP") == "1":

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import real_model
+from spec_order import reference_bin
 from ggufspec import Engine
 
 pytestmark = pytest.mark.slow
@@ -31,17 +32,7 @@ COMPLETIONS = ["def quicksort(a):", "The three laws of thermodynamics are"]
 
 
 def llama_simple() -> Path:
-    import llama_cpp
-
-    folder = os.environ.get("LLAMA_CPP_REFERENCE_BIN") or (
-        Path.home() / ".cache" / "llama-cpp-reference" / llama_cpp.__version__ / "build" / "bin")
-    path = Path(folder) / "llama-simple"
-    if not os.access(path, os.X_OK):
-        message = f"{path} not found: build it with ../shared/tools/llama-cpp-reference"
-        if os.environ.get("GGUFSPEC_REQUIRE_LLAMA_CPP") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return reference_bin("llama-simple")
 
 
 def simple_text(program: Path, model: Path, prompt: str) -> bytes:
