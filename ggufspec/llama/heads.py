@@ -62,6 +62,31 @@ def _mtp_blocks(path, info) -> int:
     return info.n_nextn
 
 
+class RowBatch:
+    """A llama_batch of one sequence with numpy views: tokens (ours, where it pairs them with rows) and rows."""
+
+    def __init__(self, n: int, width: int, *, tokens: bool):
+        self.n = n
+        self.batch = C.llama_batch_init(n, width, 1)
+        self.tokens = (C.llama_token * n)() if tokens else None
+        if tokens:
+            self.batch.token = self.tokens  # llama_batch_init made room for rows only: the tokens are ours
+        for i in range(n):
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = 0
+        self.token = np.ctypeslib.as_array(self.tokens, shape=(n,)) if tokens else None
+        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(n,))
+        self.out = np.ctypeslib.as_array(self.batch.logits, shape=(n,))
+        self.rows = np.ctypeslib.as_array(self.batch.embd, shape=(n, width))
+
+    def free(self) -> None:
+        if self.batch is not None:
+            if self.tokens is not None:
+                self.batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama_batch_free's
+            C.llama_batch_free(self.batch)
+            self.batch = None
+
+
 class MtpHead(Closing):
     """A target model's MTP block on its own context, following the target Context `target` (see the module).
     model: where the block is, where not in the target's own file (a sibling MTP GGUF, loaded with mtp=True)."""
@@ -83,17 +108,7 @@ class MtpHead(Closing):
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)
         self.n_batch = int(C.llama_n_batch(self._ctx))
         self._mem = C.llama_get_memory(self._ctx)
-        self._batch = C.llama_batch_init(self.n_batch, self.n_embd, 1)
-        self._tokens = (C.llama_token * self.n_batch)()
-        self._batch.token = self._tokens  # llama_batch_init made room for embeddings only: the tokens are ours
-        self._batch_live = True
-        for i in range(self.n_batch):
-            self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
-        self._token_buf = np.ctypeslib.as_array(self._tokens, shape=(self.n_batch,))
-        self._pos_buf = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
-        self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
-        self._embd_buf = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
+        self._batch = RowBatch(self.n_batch, self.n_embd, tokens=True)
         self.n_past = 0  # positions this context holds: the target's, while in step
         self.synced = True  # it holds exactly what the target holds (lost while inactive; back at a clear)
         self.active = False
@@ -132,11 +147,12 @@ class MtpHead(Closing):
         if prev is None:
             self.synced = False
             return
-        self._embd_buf[0] = prev
-        self._embd_buf[1:m] = rows[: m - 1]
-        self._token_buf[:m] = tokens
-        self._pos_buf[:m] = np.arange(start, start + m, dtype=np.int32)
-        self._out_buf[:m] = 0
+        batch = self._batch
+        batch.rows[0] = prev
+        batch.rows[1:m] = rows[: m - 1]
+        batch.token[:m] = tokens
+        batch.pos[:m] = np.arange(start, start + m, dtype=np.int32)
+        batch.out[:m] = 0
         self._decode(m, "catch_up")
         self.rows_fed += m
         for k in range(m):
@@ -176,10 +192,8 @@ class MtpHead(Closing):
         """The next draft step: `token` after the last one, with the block's own state from that step."""
         if self.n_past + self._drafting >= self.target.n_ctx:
             raise GGUFSpecError("the MTP context is full")
-        self._token_buf[0] = token
-        self._pos_buf[0] = self.n_past + self._drafting
-        self._out_buf[0] = 1
-        self._embd_buf[0] = self._h
+        batch = self._batch
+        batch.token[0], batch.pos[0], batch.out[0], batch.rows[0] = token, self.n_past + self._drafting, 1, self._h
         self._decode(1, "draft")
         self._drafting += 1
         h = self.X.llama_get_embeddings_nextn_ith(self._ctx, 0)
@@ -195,18 +209,16 @@ class MtpHead(Closing):
             self._drafting = 0
 
     def _decode(self, m: int, kind: str) -> None:
-        self._batch.n_tokens = m
+        self._batch.batch.n_tokens = m
         start = time.perf_counter()
-        decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.target.n_ctx)
+        decode_failed(C.llama_decode(self._ctx, self._batch.batch), m, self.n_past, self.target.n_ctx)
         self.seconds[kind] += time.perf_counter() - start
 
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        if getattr(self, "_batch_live", False):
-            self._batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama_batch_free's
-            C.llama_batch_free(self._batch)
-            self._batch_live = False
+        if getattr(self, "_batch", None) is not None:
+            self._batch.free()
         target = getattr(self, "target", None)
         if target is not None and self in target.followers:
             target.followers.remove(self)

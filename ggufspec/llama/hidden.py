@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
-from .heads import ROW_WINDOW, ext, follower_context
+from .heads import ROW_WINDOW, RowBatch, ext, follower_context
 from .runtime import C, Closing, decode_failed
 
 EAGLE3_LAYERS = 3  # target layers an EAGLE-3 draft reads (llama.cpp refuses any other count)
@@ -117,31 +117,6 @@ def check_eagle3(target_model, draft_model) -> list[int]:
     return ids
 
 
-class _Batch:
-    """A llama_batch of one sequence with numpy views: tokens (ours, where it pairs them with rows) and rows."""
-
-    def __init__(self, n: int, width: int, *, tokens: bool):
-        self.n = n
-        self.batch = C.llama_batch_init(n, width, 1)
-        self.tokens = (C.llama_token * n)() if tokens else None
-        if tokens:
-            self.batch.token = self.tokens  # llama_batch_init made room for rows only: the tokens are ours
-        for i in range(n):
-            self.batch.n_seq_id[i] = 1
-            self.batch.seq_id[i][0] = 0
-        self.token = np.ctypeslib.as_array(self.tokens, shape=(n,)) if tokens else None
-        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(n,))
-        self.out = np.ctypeslib.as_array(self.batch.logits, shape=(n,))
-        self.rows = np.ctypeslib.as_array(self.batch.embd, shape=(n, width))
-
-    def free(self) -> None:
-        if self.batch is not None:
-            if self.tokens is not None:
-                self.batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama_batch_free's
-            C.llama_batch_free(self.batch)
-            self.batch = None
-
-
 class Eagle3Head(Closing):
     """An EAGLE-3 draft on its own context, following the target Context `target` (see the module)."""
 
@@ -161,8 +136,8 @@ class Eagle3Head(Closing):
         self.n_batch = int(C.llama_n_batch(self._ctx))
         self.n_ubatch = int(C.llama_n_ubatch(self._ctx))  # the encoder takes at most this many rows at once
         self._mem = C.llama_get_memory(self._ctx)
-        self._dec = _Batch(self.n_batch, self.n_embd, tokens=True)
-        self._enc = _Batch(self.n_ubatch, EAGLE3_LAYERS * self.n_embd_target, tokens=False)
+        self._dec = RowBatch(self.n_batch, self.n_embd, tokens=True)
+        self._enc = RowBatch(self.n_ubatch, EAGLE3_LAYERS * self.n_embd_target, tokens=False)
         self._enc.out[:] = 1
         self.n_target = 0  # the target's positions this head has followed
         self.n_draft = 0  # the draft context's positions (pairs 0..n_draft-1)
