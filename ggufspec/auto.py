@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from .core import DRAFTING_MODES, Draft, Round
+from .core import DRAFTING_MODES, HEAD_MODES, Draft, Round
 from .costs import MARGIN, MAX_BATCH, Costs
-from .drafters import DRAFT_MAX, Drafter, HeadDrafter, LookupDrafter, ModelDrafter
+from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
 from .verification import Verification
@@ -77,16 +77,18 @@ class AutoDrafter(Drafter):
 
     def __init__(self, verification: Verification, costs: Costs, *, lookup: LookupDrafter,
                  model: ModelDrafter | None = None, model_max: int | None = None, lookup_max: int | None = None,
-                 draft_cost: float | None = None, model_p_min: float | None = None, head: HeadDrafter | None = None):
+                 draft_cost: float | None = None, model_p_min: float | None = None, heads: dict | None = None):
         self.verification = verification  # how rounds are verified (which batches, up to which cache length)
         self.costs = costs  # what decoding costs here (measured at load)
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
         self.model_p_min = model_p_min  # --draft-p-min; None: where another drafted token stops paying (p_min_for)
-        # the target's MTP head, where an always-right head would pay here (its step + catch-up per drafted token)
-        self.mtp = head if head is not None and self._pays(costs.mtp_token_seconds) else None
-        self.head_alpha = Estimate(0.7, 2.0)
+        # the heads reading the target's hidden states (MTP, EAGLE-3, DFlash: HeadDrafters by name), where an
+        # always-right one would pay here (its step + catch-up per drafted token; a DFlash block over its longest draft)
+        self.heads = {name: h for name, h in (heads or {}).items()
+                      if self._pays(self._head_step(name, self._longest(h)), self._longest(h))}
+        self.head_alpha = {name: Estimate(0.7, 2.0) for name in self.heads}
         self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
@@ -99,13 +101,23 @@ class AutoDrafter(Drafter):
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
         return self.model is not None and self._pays(self._draft_cost)
 
-    def _pays(self, step: float | None) -> bool:
-        """Whether an always-right drafter at `step` seconds a drafted token would beat plain decoding here."""
-        longest = min(self.model_max or MAX_BATCH, len(self.costs.target_batch_seconds) - 1)
+    def _pays(self, step: float | None, longest: int | None = None) -> bool:
+        """Whether an always-right drafter at `step` seconds a drafted token, drafting up to `longest`, would beat
+        plain decoding here."""
+        longest = min(longest or MAX_BATCH, self.model_max or MAX_BATCH, len(self.costs.target_batch_seconds) - 1)
         if not step or longest < 1:
             return False
         best, _ = self.costs.best_length(1.0, step, self.verification.batch_limit(), longest)
         return best > self.margin
+
+    def _longest(self, head) -> int:
+        """The longest draft a head makes (a DFlash block's size less one), and the model's longest (--draft-max)."""
+        return min(getattr(head.head, "max_draft", None) or MAX_BATCH, self.model_max or MAX_BATCH,
+                   len(self.costs.target_batch_seconds) - 1)
+
+    def _head_step(self, name: str, n: int) -> float | None:
+        """Seconds per drafted token of a head in a draft of n tokens (None: that head not measured)."""
+        return self.costs.head_step(name, n)
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self.lookup.reset(prompt_tokens)
@@ -152,12 +164,14 @@ class AutoDrafter(Drafter):
                 r = self.rate(a, n, 0.0, n_past)
                 if r > best[2]:
                     best = ("lookup", n, r)
-        if self.mtp is not None and self.mtp.head.ready(n_past):
-            a, step = self.head_alpha.value, self.costs.mtp_token_seconds
-            for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
-                r = self.rate(a, n, step, n_past)
+        for name, head in self.heads.items():
+            if not head.head.ready(n_past):
+                continue
+            a = self.head_alpha[name].value
+            for n in range(1, min(draft_max, self._longest(head)) + 1):
+                r = self.rate(a, n, self._head_step(name, n), n_past)
                 if r > best[2]:
-                    best = ("mtp", n, r)
+                    best = (name, n, r)
         if self.model is not None and self.draft_cost:
             a = self.model_alpha.value
             for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
@@ -167,8 +181,8 @@ class AutoDrafter(Drafter):
         source, n, _ = best
         if source == "lookup":
             return Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement)
-        if source == "mtp":
-            return self.mtp.propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
+        if source in self.heads:
+            return self.heads[source].propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
         if source == "draft":
             p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
             return self.model.propose(history, n, params, rng, noise=noise, p_min=p_min,
@@ -196,8 +210,8 @@ class AutoDrafter(Drafter):
         if r.n_drafted:
             if source == "lookup":
                 self.lookup_alpha[lookup_bucket(r.draft.agreement)].update(r.n_accepted, r.n_drafted)
-            elif source == "mtp":
-                self.head_alpha.update(r.n_accepted, r.n_drafted)
+            elif source in self.head_alpha:
+                self.head_alpha[source].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
@@ -209,7 +223,7 @@ class AutoDrafter(Drafter):
 
 def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, model: ModelDrafter | None = None,
                  lookup: LookupDrafter | None = None, draft_max: int | None = None, lookup_max: int | None = None,
-                 p_min: float | None = None, head: HeadDrafter | None = None) -> tuple[Drafter | None, int]:
+                 p_min: float | None = None, heads: dict | None = None) -> tuple[Drafter | None, int]:
     """The one drafter factory (Engine and GGUFDraftModel): a fresh drafter for one generation and its
     round budget. draft: the draft model, draft_max tokens (DRAFT_MAX without one); lookup: with measured
     costs, the cost-aware planner over lookup alone (a copy is drafted as far as it pays, and not at all
@@ -217,14 +231,16 @@ def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, 
     draft model (up to draft_max, or as far as the measured batches reach). Lookup drafts run to
     lookup_max. Modes that do not speculate (the target or the draft alone): no drafter. model, lookup: the drafters
     to use (a ModelDrafter of the generation's own; a LookupDrafter whose index the caller keeps), else fresh ones.
-    head: the target's MTP head (mtp: it drafts draft_max tokens, DRAFT_MAX without one; auto weighs it beside the
-    others)."""
+    heads: HeadDrafters by name (mtp, eagle3, dflash: the mode of that name drafts draft_max tokens with it, DRAFT_MAX
+    without one, capped at a DFlash block; auto weighs each beside the others)."""
     if mode not in DRAFTING_MODES:
         return None, 0
-    if mode == "mtp":
+    if mode in HEAD_MODES:
+        head = (heads or {}).get(HEAD_MODES[mode])
         if head is None:
-            raise GGUFSpecError("mode 'mtp' needs a target with MTP (NextN) layers")
-        return head, draft_max or DRAFT_MAX
+            raise GGUFSpecError(f"mode {mode!r} needs its head: " + ("a target with MTP (NextN) layers" if mode == "mtp"
+                                                                   else f"an {mode} draft GGUF given with -md"))
+        return head, min(draft_max or DRAFT_MAX, getattr(head.head, "max_draft", None) or MAX_BATCH)
     if mode == "draft":
         if model is None:
             raise GGUFSpecError("mode 'draft' needs a draft model (-md DRAFT)")
@@ -238,5 +254,5 @@ def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, 
     lookup_max = lookup_max or model_max
     auto = AutoDrafter(verification, costs, lookup=lookup, model=model if mode == "auto" else None,
                        model_max=model_max, lookup_max=lookup_max, model_p_min=p_min,
-                       head=head if mode == "auto" else None)
+                       heads=heads if mode == "auto" else None)
     return auto, max(model_max, lookup_max)

@@ -20,7 +20,7 @@ class Mode:
     help: str
     speculates: bool = False  # its text is the target's own (the guarantees hold)
     needs_draft_model: bool = False
-    needs_mtp: bool = False  # drafts with the target's own MTP (NextN) layers
+    head: str = ""  # drafts with a head reading the target's hidden states: mtp (its own layers), eagle3, dflash
     for_llama: bool = False  # a draft for llama-cpp-python's `Llama` can work this way (GGUFDraftModel)
     on_draft: bool = False  # decodes on the draft model's context, with no target (a baseline)
 
@@ -35,15 +35,21 @@ MODE_TABLE = (
          for_llama=True),
     Mode("lookup", "n-grams of the prompt and output are copied, no second model", speculates=True, for_llama=True),
     Mode("mtp", "the target's own multi-token-prediction (MTP/NextN) layers propose, the target verifies",
-         speculates=True, needs_mtp=True),
-    Mode("auto", "per round, whatever the measured costs say pays: no draft, lookup, the MTP layers or the draft model",
-         speculates=True, for_llama=True),
+         speculates=True, head="mtp"),
+    Mode("eagle3", "an EAGLE-3 draft (-md, trained for this target, reading its hidden states) proposes",
+         speculates=True, head="eagle3"),
+    Mode("dflash", "a DFlash draft (-md, trained for this target) proposes a block of tokens in one pass",
+         speculates=True, head="dflash"),
+    Mode("auto", "per round, whatever the measured costs say pays: no draft, lookup, the MTP layers, an EAGLE-3 or "
+         "DFlash draft, or the draft model", speculates=True, for_llama=True),
 )
 MODES = tuple(m.name for m in MODE_TABLE)
 DEFAULT_MODE = "auto"
 DRAFTING_MODES = tuple(m.name for m in MODE_TABLE if m.speculates)  # their text is the target's
 MODEL_MODES = tuple(m.name for m in MODE_TABLE if m.needs_draft_model)
-MTP_MODES = tuple(m.name for m in MODE_TABLE if m.needs_mtp)
+HEAD_MODES = {m.name: m.head for m in MODE_TABLE if m.head}  # mode -> the head it drafts with
+MTP_MODES = tuple(m for m, head in HEAD_MODES.items() if head == "mtp")
+HIDDEN_DRAFT_MODES = tuple(m for m, head in HEAD_MODES.items() if head != "mtp")  # a draft GGUF given with -md
 LLAMA_MODES = tuple(m.name for m in MODE_TABLE if m.for_llama)
 DRAFT_ALONE_MODES = tuple(m.name for m in MODE_TABLE if m.on_draft)
 

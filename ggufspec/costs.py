@@ -71,9 +71,21 @@ class Costs:
     exact_kv: int | None = None  # ... while the KV cache holds at most this many tokens (None: every length checked)
     rollback: Rollback | None = None  # what a rewind costs where the target's memory cannot be cut
     experts: tuple[int, int] | None = None  # a mixture-of-experts target's (experts per token, experts per layer)
-    # the target's MTP head: seconds per drafted token (a step, and its context's catch-up on one verified row)
-    mtp_token_seconds: float | None = None
+    # heads reading the target's hidden states, by name (mtp: its own MTP layers; eagle3, dflash: a trained draft):
+    # {"token": seconds per drafted token (a step, and the head's catch-up on one verified row),
+    #  "round": seconds per draft whatever its length (a DFlash block, decoded at once)}
+    head_seconds: dict = field(default_factory=dict)
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
+
+    @property
+    def mtp_token_seconds(self) -> float | None:
+        """The target's MTP head: seconds per drafted token (None: no head measured)."""
+        return self.head_step("mtp", 1)
+
+    def head_step(self, name: str, n: int) -> float | None:
+        """Seconds per drafted token of the head `name` in a draft of n tokens (None: that head not measured)."""
+        h = self.head_seconds.get(name)
+        return None if h is None else h["token"] + h.get("round", 0.0) / max(1, n)
 
     def batch_seconds(self, n: int) -> float:
         """Seconds to decode a batch of n tokens; beyond what was measured, linear in tokens."""
@@ -158,15 +170,15 @@ class Costs:
         steps = {"lookup": 0.0}
         if self.draft_token_seconds:
             steps["draft model"] = self.draft_token_seconds
-        if self.mtp_token_seconds:
-            steps["MTP head"] = self.mtp_token_seconds
+        for name in self.head_seconds:  # a DFlash block's cost spread over the longest draft it pays at
+            steps[HEAD_LABELS.get(name, name)] = self.head_step(name, longest)
         drafters = {}
         for name, step in steps.items():
             best, n = self.best_length(1.0, step, verify_batch, longest)
             drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, verify_batch, MARGIN, longest),
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
-                "mtp_token_seconds": self.mtp_token_seconds,
+                "mtp_token_seconds": self.mtp_token_seconds, "head_seconds": self.head_seconds,
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
                 "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,
                 "verify_chunk": self.chunk(verify_batch) if verify_batch else None,
@@ -203,6 +215,9 @@ class Costs:
         return (f"a batch of {n} costs {steps:.2f} target steps: each extra verified token costs {extra:.2f} of a step "
                 f"with {what} on this machine, so speculation can gain little here; {change} would change that")
 
+
+# How `costs` and the bench footer name each head.
+HEAD_LABELS = {"mtp": "MTP head", "eagle3": "EAGLE-3 draft", "dflash": "DFlash draft"}
 
 # Each extra verified token costing this much of a target step or more is "most of a step" (`Costs.why`):
 # the Q4_K_M Qwen target measured 0.44-0.77 on CPUs, its Q8_0 build 0.26-0.33; a GPU's verify batch is nearly free.

@@ -153,15 +153,15 @@ def confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None 
 
 
 class HeadDrafter(Drafter):
-    """Drafts with a head the target model ships (its MTP block: `llama.heads.MtpHead`), which follows the
-    target's memory by itself (told of every batch the target decodes, with the target's hidden states), so
-    a draft starts from the last token with nothing to catch up here. No head ready (not following, or the
-    context's end): no draft."""
-
-    name = "mtp"
+    """Drafts with a head that reads the target's hidden states: the MTP block a model ships (`llama.heads.
+    MtpHead`), an EAGLE-3 draft (`llama.hidden.Eagle3Head`), a DFlash draft (`llama.dflash.DflashHead`, a whole
+    block at once: `begin` is told the draft's length, capped at its `max_draft`). Each follows the target's
+    memory by itself (told of every batch the target decodes), so a draft starts from the last token with
+    nothing to catch up here. No head ready (not following, or the context's end): no draft."""
 
     def __init__(self, head, *, p_min: float = 0.0):
         self.head = head
+        self.name = head.name  # the source rounds are counted under: mtp, eagle3, dflash
         self.p_min = p_min
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
@@ -169,11 +169,11 @@ class HeadDrafter(Drafter):
                 may_extend: Callable[[int], bool] | None = None) -> Draft:
         start = time.perf_counter()
         n_past = len(history) - 1
-        draft_max = min(draft_max, self.head.n_ctx - len(history))
+        draft_max = min(draft_max, self.head.n_ctx - len(history), getattr(self.head, "max_draft", None) or draft_max)
         if draft_max <= 0 or not self.head.ready(n_past):
             return Draft(tokens=[], source=self.name)
         try:
-            tokens, qs = draft_tokens(self.head.begin(history[-1], n_past), self.head.step, len(history), draft_max,
+            tokens, qs = draft_tokens(self.head.begin(history[-1], n_past, draft_max), self.head.step, len(history), draft_max,
                                       params, rng, noise=noise, p_min=self.p_min if p_min is None else p_min,
                                       may_extend=may_extend, n_vocab=self.head.n_vocab)
         finally:

@@ -21,11 +21,13 @@ import numpy as np
 from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
 from .llama.gguf_info import read_info
+from .llama.dflash import DflashHead
 from .llama.heads import MtpHead, check_mtp, is_mtp_file
+from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible
-from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, MODEL_MODES, MODES, MTP_MODES, Stats  # noqa: F401  (Stats: part of the API)
+from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import HeadDrafter, ModelDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
@@ -35,6 +37,8 @@ from .llama.rpc import devices_for
 from .llama.system import check_threads
 from .text import check_chat_roles
 from .verification import Verification
+
+HIDDEN_HEADS = {"eagle3": Eagle3Head, "dflash": DflashHead}  # draft architectures that read the target's hidden states
 
 __all__ = ["Engine", "GenerationSettings", "Chunk", "Result", "Stats", "MODES"]
 
@@ -65,7 +69,9 @@ class Engine(Closing):
         kv_cache_type(type_k, "-ctk/--cache-type-k")
         kv_cache_type(type_v, "-ctv/--cache-type-v")
         set_verbose(verbose)
-        self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = self.mtp_head = self.mtp_model = None
+        self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = self.mtp_model = self.head_model = None
+        self.heads: dict = {}  # heads following the target's hidden states, by name: mtp, eagle3, dflash
+        self.file_head: str | None = None  # the head the -md file is (an mtp-*.gguf, an eagle3 or dflash draft)
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
         # spreads over them and the draft stays on this machine.
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
@@ -75,13 +81,20 @@ class Engine(Closing):
             check_kv_cache_types(self.target_model.info, *cache_types)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                       rollback=ROLLBACK_ROWS, cache_types=cache_types)
-            if draft is not None and is_mtp_file(read_info(draft)):  # a sibling mtp-*.gguf: the target's MTP layers
+            info = read_info(draft) if draft is not None else None
+            if info is not None and is_mtp_file(info):  # a sibling mtp-*.gguf: the target's MTP layers
                 self.mtp_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="MTP layers", devices=draft_devices,
                                        mtp=True)
                 check_compatible(self.target_model, self.mtp_model)
-                draft = None
+                self.file_head, draft = "mtp", None
             if self.target_model.mtp_loaded or self.mtp_model is not None:
-                self.mtp_head = MtpHead(self.target_ctx, model=self.mtp_model)
+                self.heads["mtp"] = MtpHead(self.target_ctx, model=self.mtp_model)
+            if info is not None and info.architecture in HIDDEN_HEADS:  # an EAGLE-3 or DFlash draft: a head, not a model
+                self.head_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role=f"{info.architecture} draft",
+                                        devices=draft_devices)
+                self.heads[info.architecture] = HIDDEN_HEADS[info.architecture](self.target_ctx, self.head_model,
+                                                                                n_threads=n_threads)
+                self.file_head, draft = info.architecture, None
             if draft is not None:
                 self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
                 check_compatible(self.target_model, self.draft_model)
@@ -93,7 +106,7 @@ class Engine(Closing):
             raise
         # Costs of a decode here and the largest bit-exact batch: measured once, then cached
         # (remeasure=True measures again, e.g. after the machine's load or clocks changed).
-        self.costs = (costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure, head=self.mtp_head)
+        self.costs = (costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure, heads=list(self.heads.values()))
                       if measure or remeasure else None)
         if self.costs is not None:
             self.costs.experts = self.target_model.info.experts
@@ -105,6 +118,11 @@ class Engine(Closing):
         self._turn = threading.Lock()
         self._holder: int | None = None  # the thread whose generation runs
         self._generation = 0  # the running generation's number
+
+    @property
+    def mtp_head(self):
+        """The target's MTP head (its own MTP layers, or a sibling mtp-*.gguf's), None where it has none."""
+        return self.heads.get("mtp")
 
     def verification(self, exact: bool | None = None, tie_margin: float | None = None) -> Verification:
         """The verification policy for greedy rounds on this target (exact None: the default here)."""
@@ -208,19 +226,29 @@ class Engine(Closing):
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:
             model.p_min = s.draft_p_min or 0.0
-        if s.mode in MODEL_MODES and self.draft_model is None and self.mtp_model is not None:
-            s = replace(s, mode=MTP_MODES[0])  # -md named the target's MTP layers (a sibling mtp-*.gguf): use them
-        if s.mode in MTP_MODES and self.mtp_head is None:
-            check_mtp(self.target_model)
-        head = HeadDrafter(self.mtp_head, p_min=s.draft_p_min or 0.0) if self.mtp_head is not None else None
+        if s.mode in MODEL_MODES and self.draft_model is None and self.file_head is not None:
+            s = replace(s, mode=self.file_head)  # -md named a head (mtp-*.gguf, an eagle3 or dflash draft): draft with it
+        self._check_head(s.mode)
+        heads = {name: HeadDrafter(head, p_min=s.draft_p_min or 0.0) for name, head in self.heads.items()}
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
-                                          lookup_max=s.lookup_max, p_min=s.draft_p_min, head=head)
-        if self.mtp_head is not None:
-            uses = s.mode in MTP_MODES or getattr(drafter, "mtp", None) is not None
-            self.mtp_head.activate(uses)  # the head follows the target only for generations that draft with it
-            if uses and not self.mtp_head.synced:  # it missed decodes: the prompt is evaluated anew, with it
-                s = replace(s, reuse_prompt=False)
+                                          lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
+        used = {HEAD_MODES.get(s.mode)} | set(getattr(drafter, "heads", {}))
+        for name, head in sorted(self.heads.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay
+            head.activate(name in used)  # a head follows the target only for generations that draft with it
+        if any(not self.heads[name].synced for name in used if name in self.heads):
+            s = replace(s, reuse_prompt=False)  # a head missed decodes: the prompt is evaluated anew, with it
         return Generation(s, prompt_tokens, self.target_model, self.target_ctx, drafter, verification, draft_max)
+
+    def _check_head(self, mode: str) -> None:
+        """One line where `mode` drafts with a head this Engine has not got."""
+        need = HEAD_MODES.get(mode)
+        if need is None or need in self.heads:
+            return
+        if need == "mtp":
+            check_mtp(self.target_model)
+        label = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}[need]
+        raise GGUFSpecError(f"mode {mode!r} needs {label} draft trained for this target: give its GGUF with -md "
+                            f"(architecture {need})")
 
     def _before_round(self, generation: int) -> None:
         if generation != self._generation:
@@ -276,7 +304,10 @@ class Engine(Closing):
                 turn.release()
 
     def _free(self) -> None:
-        for name in ("draft_ctx", "draft_model", "mtp_head", "mtp_model", "target_ctx", "target_model"):
+        for head in list(getattr(self, "heads", {}).values()):
+            head.close()
+        self.heads = {}
+        for name in ("draft_ctx", "draft_model", "mtp_model", "head_model", "target_ctx", "target_model"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()

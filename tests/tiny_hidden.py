@@ -67,13 +67,15 @@ def write_tiny_target(path, *, seed: int = 0, n_layer: int = 4, n_embd: int = 64
 
 
 def read_target(path) -> dict:
-    """What a draft needs of a target written by write_tiny_target: n_embd, n_layer, token_embd, output and u
-    (the printable embeddings' common direction, recovered from the file)."""
+    """What a draft needs of a target written by write_tiny_target (or another tiny model with the bytes vocabulary
+    and its own output matrix): n_embd, n_layer, token_embd, output and u (the printable embeddings' common
+    direction, recovered from the file)."""
     reader = GGUFReader(str(path))
     tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors
                if t.name in ("token_embd.weight", "output.weight")}
     embd = tensors["token_embd.weight"]
-    n_layer = int(reader.fields["llama.block_count"].parts[-1][0])
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    n_layer = int(reader.fields[f"{arch}.block_count"].parts[-1][0])
     return {"embd": embd, "output": tensors["output.weight"], "n_embd": embd.shape[1], "n_layer": n_layer,
             "u": _unit(embd[-N_PRINTABLE:].mean(axis=0))}
 

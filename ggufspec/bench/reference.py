@@ -126,6 +126,9 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths:
 # missing is run again, up to this many times in all.
 LOST_LOG_TRIES = 6
 
+# What speculative-simple's draft types draft with, in a row's label.
+DRAFTERS = {"draft-mtp": "MTP layers", "draft-eagle3": "EAGLE-3 draft", "draft-dflash": "DFlash draft"}
+
 
 def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_text: str, n_tokens: int, threads: int,
                        n_ctx: int, draft_max: int, spec_type: str = "draft-simple") -> dict:
@@ -264,8 +267,13 @@ def _speculative_configs(engine, draft_max: tuple[int, ...]) -> list[tuple[str, 
     draft = engine.draft_model.path if engine.draft_model else None
     mtp_file = engine.mtp_model.path if getattr(engine, "mtp_model", None) else None
     configs = [("draft-simple", k, draft) for k in draft_max] if draft else []
-    if getattr(engine, "mtp_head", None) is not None:  # the target's MTP layers, as --mode mtp drafts with them
+    heads = getattr(engine, "heads", {})
+    if "mtp" in heads:  # the target's MTP layers, as --mode mtp drafts with them
         configs += [("draft-mtp", k, mtp_file) for k in draft_max]
+    for name in ("eagle3", "dflash"):  # a draft reading the target's hidden states, as --mode eagle3/dflash
+        if name in heads:
+            configs += [(f"draft-{name}", min(k, getattr(heads[name], "max_draft", None) or k), engine.head_model.path)
+                        for k in draft_max]
     return configs + [(t, None, None) for t in NGRAM_TYPES]
 
 
@@ -279,7 +287,7 @@ def _speculative_row(run_one, texts: list[str], ours: list, spec_type: str, k: i
             return None
     tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
     drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
-    label = f"{'MTP layers' if spec_type == 'draft-mtp' else 'draft model'} (draft-max {k})" if k else spec_type
+    label = f"{DRAFTERS.get(spec_type, 'draft model')} (draft-max {k})" if k else spec_type
     row = _row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps, target_tps,
                accepted / drafted if drafted else None, group)
     same = [(label, same_text(mine, r["text"])) for (label, mine), r in zip(ours, runs)]

@@ -144,8 +144,8 @@ def _costs_line(meta: dict) -> str:
         line += f"; a batch of 4 costs {t[3] / t[0]:.2f} steps"
     if c["draft_token_seconds"]:
         line += f"; draft step {1000 * c['draft_token_seconds']:.1f} ms ({c['draft_token_seconds'] / t[0]:.2f} of a target step)"
-    if c.get("mtp_token_seconds"):
-        line += f"; {_mtp_step(c['mtp_token_seconds'], t[0])}"
+    for head in _head_steps(c.get("head_seconds") or {}, t[0]):
+        line += f"; {head}"
     line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding{_up_to(c)}"
     if meta["exact_batch"] > 1 and c.get("exact_kv"):
         line += " (beyond: one batch, near-ties re-checked)"
@@ -206,8 +206,7 @@ def costs_text(out: dict) -> str:
              f"{Path(out['target']).name}, {plural(out['threads'], 'thread')}: one target step {1000 * t1:.1f} ms"]
     if out["draft_token_seconds"]:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
-    if out.get("mtp_token_seconds"):
-        lines.append(_mtp_step(out["mtp_token_seconds"], t1))
+    lines += _head_steps(out.get("head_seconds") or {}, t1)
     how = f"in exact chunks of {out.get('verify_chunk') or out['exact_batch']}" if out["exact"] else "in one batch"
     if out["exact"] and out.get("exact_kv"):
         how += f"{_up_to(out)}, in one batch beyond (no batch is exact there)"
@@ -315,8 +314,9 @@ def doctor_text(r: dict) -> str:
             lines.append(f"  {Path(c['model']).name} ({plural(c['threads'], 'thread')}, -ngl {c['n_gpu_layers']}{where}): "
                          f"target step {1000 * c['target_step_seconds']:.1f} ms, exact batches up to "
                          f"{c['exact_batch']}{_up_to(c)}, ceiling {c['ceiling_speedup']:.2f}x")
-            if c.get("mtp_step_seconds"):
-                lines.append(f"    {_mtp_step(c['mtp_step_seconds'], c['target_step_seconds'])}")
+            heads = {"mtp": {"token": c["mtp_step_seconds"]}} if c.get("mtp_step_seconds") else {}
+            heads |= {k.split(":")[0]: {"token": v} for k, v in (c.get("draft_heads") or {}).items() if v}
+            lines += [f"    {line}" for line in _head_steps(heads, c["target_step_seconds"])]
             if c.get("why"):
                 lines.append(f"    why: {c['why']}")
     else:
@@ -325,6 +325,18 @@ def doctor_text(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _mtp_step(seconds: float, target_step: float) -> str:
-    return (f"MTP step {1000 * seconds:.2f} ms a drafted token, its context's catch-up included "
-            f"({seconds / target_step:.2f} of a target step)")
+def _head_steps(head_seconds: dict, target_step: float) -> list[str]:
+    """A line per head reading the target's hidden states: what a drafted token costs, its catch-up included
+    (a DFlash draft: what its block costs, and what following the target costs per verified row)."""
+    from ..costs import HEAD_LABELS
+
+    lines = []
+    for name, h in head_seconds.items():
+        label = HEAD_LABELS.get(name, name).split()[0]  # MTP, EAGLE-3, DFlash
+        if h.get("round"):
+            lines.append(f"{label} block {1000 * h['round']:.2f} ms a draft ({h['round'] / target_step:.2f} of a target "
+                         f"step) + {1000 * h['token']:.3f} ms a verified row's injection")
+        else:
+            lines.append(f"{label} step {1000 * h['token']:.2f} ms a drafted token, its context's catch-up included "
+                         f"({h['token'] / target_step:.2f} of a target step)")
+    return lines

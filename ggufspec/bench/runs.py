@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from ..core import DRAFTING_MODES, MODEL_MODES, MODES, MTP_MODES, Stats
+from ..core import DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, MTP_MODES, Stats
 from ..drafters import DRAFT_MAX
 from ..engine import Engine, GenerationSettings
 from ..errors import GGUFSpecError
@@ -87,20 +87,22 @@ class BenchSettings:
         return self
 
 
-def plan(settings: BenchSettings, has_draft: bool, has_mtp: bool = False) -> list[Config]:
+def plan(settings: BenchSettings, has_draft: bool, heads=()) -> list[Config]:
     """The rows to run. Without --draft-max values, draft rows draft settings.draft_length tokens (the
     pair's, or DRAFT_MAX) and auto's row drafts as far as the measured costs say pays. Rows of modes the
-    models cannot run (a draft model's without one, mtp's without MTP layers) are left out of the default
-    modes, and one line where asked for by name."""
+    models cannot run (a draft model's without one, a head's without it: heads names those the engine has, of
+    mtp, eagle3, dflash) are left out of the default modes, and one line where asked for by name."""
     unrunnable = [mode for mode in settings.modes if mode in MODEL_MODES] if not has_draft else []
     if unrunnable and tuple(settings.modes) != MODES:  # asked for by name: say so instead of leaving the rows out
         raise GGUFSpecError(f"--modes {','.join(unrunnable)} needs a draft model: give -md DRAFT or name a pair")
-    no_mtp = [mode for mode in settings.modes if mode in MTP_MODES] if not has_mtp else []
-    if no_mtp and tuple(settings.modes) != MODES:
-        raise GGUFSpecError(f"--modes {','.join(no_mtp)} needs a target with MTP (NextN) layers; this one has none")
+    headless = [mode for mode in settings.modes if mode in HEAD_MODES and HEAD_MODES[mode] not in heads]
+    if headless and tuple(settings.modes) != MODES:
+        mode = headless[0]
+        raise GGUFSpecError(f"--modes {mode} needs " + ("a target with MTP (NextN) layers; this one has none"
+                                                        if mode in MTP_MODES else f"an {mode} draft GGUF given with -md"))
     configs = []
     for mode in settings.modes:
-        if (mode in MODEL_MODES and not has_draft) or (mode in MTP_MODES and not has_mtp):
+        if (mode in MODEL_MODES and not has_draft) or mode in headless:
             continue
         if mode == "lookup":  # its drafts run to --lookup-max whatever --draft-max says: one row
             configs.append(Config(mode))
@@ -181,7 +183,7 @@ class Progress:
 def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: list[Run], progress=None) -> list[Run]:
     """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done);
     `progress(Progress)` after each (warm-up runs count in the total)."""
-    configs = plan(settings, engine.draft_model is not None, engine.mtp_head is not None)
+    configs = plan(settings, engine.draft_model is not None, set(engine.heads))
     tokenized = tokenized_prompts(engine, prompts, settings.max_tokens)
     proc = psutil.Process()
     total = len(configs) * (settings.warmup + settings.repeats * len(prompts))

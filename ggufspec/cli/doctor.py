@@ -7,7 +7,7 @@ import sys
 
 from ..llama import backend, devices, runtime, system
 from ..costs import Costs
-from ..llama.measure import bad_entries, cache_problem, is_current, load_cache
+from ..llama.measure import bad_entries, cache_problem, is_current, is_step_key, load_cache
 from ..verification import Verification
 from ..paths import costs_file, models_dir
 
@@ -31,7 +31,7 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
     cache = load_cache()
     damaged = bad_entries(cache)
     for key, entry in cache.items():
-        if key in damaged or key.endswith(("|draft", "|mtp")):
+        if key in damaged or is_step_key(key):
             continue
         if key.endswith(f"machine {machine_id}"):
             if not is_current(key):
@@ -43,6 +43,8 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
                          "exact_batch": c.exact_batch, "exact_kv": c.exact_kv,
                          "ceiling_speedup": c.ceiling(Verification.of(c).batch_limit())[0],
                          "mtp_step_seconds": (cache.get(key + "|mtp") or {}).get("token_seconds"),
+                         "draft_heads": {k[len(key) + 1:]: v.get("token_seconds") for k, v in cache.items()
+                                         if k.startswith(key + "|") and k not in damaged and ":" in k[len(key):]},
                          "why": c.why(_quant(parts[0]))})
         else:
             m = entry.get("machine") if isinstance(entry, dict) else None

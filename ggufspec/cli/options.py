@@ -125,7 +125,8 @@ def sampling_options(fn):
                      + f" (default {DEFAULT_MODE})."),
         click.option("--spec-type", default=None, metavar="TYPE[,TYPE]",
                      help="llama.cpp's name for --mode: none = target, draft-simple = draft, ngram-simple or "
-                          "ngram-map-k = lookup, draft-mtp = mtp, a draft type with an n-gram type = auto."),
+                          "ngram-map-k = lookup, draft-mtp = mtp, draft-eagle3 = eagle3, draft-dflash = dflash, a draft type with an "
+                          "n-gram type = auto."),
         click.option("--sampling-rule", type=click.Choice(SAMPLING_RULES), default=None,
                      help="How sampled drafts are verified. coupled: a seed gives the target's own text in every "
                           "mode (Gumbel noise per position; lower acceptance). rejection: Leviathan's rule (higher "
@@ -143,9 +144,8 @@ GENERATION_OPTIONS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "s
 
 # llama.cpp's --spec-type names (common/speculative.cpp) and the --mode that means the same here.
 SPEC_TYPES = {"none": "target", "draft-simple": "draft", "ngram-simple": "lookup", "ngram-map-k": "lookup",
-              "draft-mtp": "mtp"}
-SPEC_TYPES_ELSEWHERE = ("draft-eagle3", "draft-dflash", "draft-dspark", "ngram-map-k4v", "ngram-mod",
-                        "ngram-cache")
+              "draft-mtp": "mtp", "draft-eagle3": "eagle3", "draft-dflash": "dflash"}
+SPEC_TYPES_ELSEWHERE = ("draft-dspark", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
 def mode_for_spec_type(value: str) -> str:
@@ -163,7 +163,7 @@ def mode_for_spec_type(value: str) -> str:
     modes = {SPEC_TYPES[n] for n in names}
     if len(modes) == 1:
         return modes.pop()
-    if modes <= {"draft", "lookup", "mtp"} and len(modes) > 1:
+    if "target" not in modes:
         return "auto"  # several drafters together (a draft model, MTP, n-grams): auto chooses per round
     raise GGUFSpecError(f"--spec-type {value}: 'none' cannot be combined with other types")
 

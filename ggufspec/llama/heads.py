@@ -63,21 +63,22 @@ def _mtp_blocks(path, info) -> int:
 
 
 class RowBatch:
-    """A llama_batch of one sequence with numpy views: tokens (ours, where it pairs them with rows) and rows."""
+    """A llama_batch of one sequence with numpy views: tokens (ours, where it pairs them with rows) and rows
+    (width 0: tokens alone, llama_batch_init's own)."""
 
     def __init__(self, n: int, width: int, *, tokens: bool):
         self.n = n
         self.batch = C.llama_batch_init(n, width, 1)
-        self.tokens = (C.llama_token * n)() if tokens else None
-        if tokens:
+        self.tokens = (C.llama_token * n)() if tokens and width else None
+        if self.tokens is not None:
             self.batch.token = self.tokens  # llama_batch_init made room for rows only: the tokens are ours
         for i in range(n):
             self.batch.n_seq_id[i] = 1
             self.batch.seq_id[i][0] = 0
-        self.token = np.ctypeslib.as_array(self.tokens, shape=(n,)) if tokens else None
+        self.token = np.ctypeslib.as_array(self.batch.token, shape=(n,)) if tokens else None
         self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(n,))
         self.out = np.ctypeslib.as_array(self.batch.logits, shape=(n,))
-        self.rows = np.ctypeslib.as_array(self.batch.embd, shape=(n, width))
+        self.rows = np.ctypeslib.as_array(self.batch.embd, shape=(n, width)) if width else None
 
     def free(self) -> None:
         if self.batch is not None:
@@ -180,9 +181,9 @@ class MtpHead(Closing):
 
     # -- drafting ---------------------------------------------------------------------------------
 
-    def begin(self, token: int, position: int) -> np.ndarray:
-        """The first draft step: `token` (the last of the history, at `position` = the target's n_past) with the
-        target's state of the position before. Returns the logits of the next token (a view, valid until the
+    def begin(self, token: int, position: int, n: int = 1) -> np.ndarray:
+        """The first draft step of a draft of up to n tokens: `token` (the last of the history, at `position` =
+        the target's n_past) with the target's state of the position before. Returns the logits of the next token (a view, valid until the
         next step)."""
         self._drafting = 0
         self._h = self._row(position - 1)

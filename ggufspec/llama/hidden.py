@@ -102,19 +102,48 @@ def check_eagle3(target_model, draft_model) -> list[int]:
     if arch != "eagle3" or len(ids) != EAGLE3_LAYERS:
         raise GGUFSpecError(f"{draft_model.path}: is not an EAGLE-3 draft (architecture {arch}, "
                             f"{len(ids)} target layers read; EAGLE-3 reads {EAGLE3_LAYERS}); give an eagle3 GGUF with -md")
+    check_layer_ids(target_model, draft_model, ids, "eagle3.target_hidden_size")
+    if draft_model.n_vocab != target_model.n_vocab:
+        raise GGUFSpecError(f"{draft_model.path}: its vocabulary has {draft_model.n_vocab} tokens, "
+                            f"{target_model.path}'s {target_model.n_vocab}: an EAGLE-3 draft takes its target's")
+    return ids
+
+
+def check_layer_ids(target_model, draft_model, ids: list[int], width_key: str) -> None:
+    """One clear line where a draft reads target layers the target lacks, or hidden states of another width."""
     n_layer = int(C.llama_model_n_layer(target_model._model))
     beyond = [i for i in ids if not 0 <= i <= n_layer]
     if beyond:
         raise GGUFSpecError(f"{draft_model.path}: reads target layer {beyond[0]}, but {target_model.path} has "
                             f"{n_layer} layers: this draft was made for another target model")
-    width, n_embd = draft_model.meta("eagle3.target_hidden_size"), int(C.llama_model_n_embd(target_model._model))
+    width, n_embd = draft_model.meta(width_key), int(C.llama_model_n_embd(target_model._model))
     if width is not None and int(width) != n_embd:
         raise GGUFSpecError(f"{draft_model.path}: reads hidden states of width {width}, but {target_model.path}'s "
                             f"are {n_embd} wide: this draft was made for another target model")
-    if draft_model.n_vocab != target_model.n_vocab:
-        raise GGUFSpecError(f"{draft_model.path}: its vocabulary has {draft_model.n_vocab} tokens, "
-                            f"{target_model.path}'s {target_model.n_vocab}: an EAGLE-3 draft takes its target's")
-    return ids
+
+
+def extract_layers(follower, on: bool) -> None:
+    """Make the target output (on) or stop outputting the inputs of the layers `follower.layer_ids` (the target's
+    n_layer: its final hidden state), leaving on those another active follower reads (reading rows not extracted
+    aborts inside llama.cpp)."""
+    target, S, X = follower.target, Staging.get(), follower.X
+    n_layer = int(C.llama_model_n_layer(target.model._model))
+    kept = set() if on else {lid for f in target.followers if f is not follower and f.active
+                             for lid in getattr(f, "layer_ids", [n_layer])}
+    for lid in (i for i in follower.layer_ids if i not in kept):
+        if lid < n_layer:
+            S.llama_set_embeddings_layer_inp(target._ctx, lid, bool(on))
+        else:  # the final hidden state: the target's own pre-norm rows, one per batch token
+            X.llama_set_embeddings_nextn(target._ctx, bool(on), False)
+
+
+def layer_rows(follower, m: int) -> list[np.ndarray]:
+    """The target's last batch's rows (m of them) of each layer input `follower.layer_ids` reads, as views."""
+    target, S, X = follower.target, Staging.get(), follower.X
+    n_layer, w = int(C.llama_model_n_layer(target.model._model)), int(C.llama_model_n_embd(target.model._model))
+    return [np.ctypeslib.as_array(S.llama_get_embeddings_layer_inp(target._ctx, lid) if lid < n_layer
+                                  else X.llama_get_embeddings_nextn(target._ctx), shape=(m, w))
+            for lid in follower.layer_ids]
 
 
 class Eagle3Head(Closing):
@@ -161,18 +190,8 @@ class Eagle3Head(Closing):
     def activate(self, on: bool) -> None:
         """Follow the target's decodes (on) or not: the target outputs the layers' inputs only while followed."""
         if on != self.active:
-            self._extract(on)
+            extract_layers(self, on)
             self.active = on
-
-    def _extract(self, on: bool) -> None:
-        # rows another active follower reads stay on (reading rows not extracted aborts inside llama.cpp)
-        kept = set() if on else {lid for f in self.target.followers if f is not self and f.active
-                                 for lid in getattr(f, "layer_ids", [self.n_layer_target])}
-        for lid in (i for i in self.layer_ids if i not in kept):
-            if lid < self.n_layer_target:
-                self.S.llama_set_embeddings_layer_inp(self.target._ctx, lid, bool(on))
-            else:  # the final hidden state: the target's own pre-norm rows, one per batch token
-                self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)
 
     def ready(self, n_past: int) -> bool:
         """Whether a draft can start at position n_past (the pair at n_past - 1 is the deferred one)."""
@@ -213,11 +232,7 @@ class Eagle3Head(Closing):
     def _encode(self, m: int) -> np.ndarray:
         """The encoder's g rows of the target's last batch of m tokens, in chunks of at most n_ubatch rows."""
         w = self.n_embd_target
-        layers = []
-        for lid in self.layer_ids:
-            rows = (self.S.llama_get_embeddings_layer_inp(self.target._ctx, lid) if lid < self.n_layer_target
-                    else self.X.llama_get_embeddings_nextn(self.target._ctx))
-            layers.append(np.ctypeslib.as_array(rows, shape=(m, w)))
+        layers = layer_rows(self, m)
         g = np.empty((m, self.n_embd), dtype=np.float32)
         enc = self._enc
         for i in range(0, m, self.n_ubatch):
@@ -256,8 +271,8 @@ class Eagle3Head(Closing):
 
     # -- drafting ---------------------------------------------------------------------------------
 
-    def begin(self, token: int, position: int) -> np.ndarray:
-        """The first draft step: the deferred pair completed with `token` (the history's last, at `position` =
+    def begin(self, token: int, position: int, n: int = 1) -> np.ndarray:
+        """The first draft step (of up to n): the deferred pair completed with `token` (the history's last, at `position` =
         the target's n_past). Returns the logits of the next token (a view, valid until the next step)."""
         if self.n_draft > self.pending_pos:
             C.llama_memory_seq_rm(self._mem, 0, self.pending_pos, -1)
@@ -305,7 +320,7 @@ class Eagle3Head(Closing):
         if target is not None and self in target.followers:
             target.followers.remove(self)
             if target._ctx and self.active:
-                self._extract(False)
+                extract_layers(self, False)
         if getattr(self, "_ctx", None):
             C.llama_free(self._ctx)
             self._ctx = None

@@ -21,6 +21,7 @@ import json
 import os
 import tempfile
 import time
+from pathlib import Path
 from dataclasses import asdict, fields
 
 import numpy as np
@@ -320,13 +321,21 @@ def valid_draft_entry(entry) -> bool:
 def bad_entries(cache: dict) -> list[str]:
     """Keys of cached entries with the wrong shape (ignored and measured again)."""
     return [k for k, v in cache.items()
-            if not (valid_draft_entry(v) if k.endswith(("|draft", "|mtp")) else valid_target_entry(v))]
+            if not (valid_draft_entry(v) if is_step_key(k) else valid_target_entry(v))]
 
 
-def measure_mtp_step(head, n: int = 4, repeats: int = 2) -> float:
-    """Seconds per token an MTP head drafts: a draft step, and its context's catch-up on one verified row
-    (the head decodes every row the target verifies), after a warm-up."""
+def is_step_key(key: str) -> bool:
+    """Whether a cache key names a drafter's step (a draft model's, a head's) rather than a target's table."""
+    return key.endswith(("|draft", "|mtp")) or any(f"|{name}:" in key for name in ("eagle3", "dflash"))
+
+
+def measure_head_step(head, n: int = 4, repeats: int = 2) -> dict:
+    """What a head reading the target's hidden states costs (an MTP head, an EAGLE-3 or DFlash draft): a draft of
+    n tokens, and the head's catch-up on the n verified rows (it follows every row the target verifies), after a
+    warm-up: {"token": seconds per drafted token}, and for a head that drafts a block at once (max_draft), the
+    block's seconds as {"round": ...} with only the catch-up per token."""
     target = head.target
+    n = min(n, getattr(head, "max_draft", None) or n)
     tokens = _probe_tokens(target, 16 + n)
     was = head.active
     head.activate(True)
@@ -334,28 +343,45 @@ def measure_mtp_step(head, n: int = 4, repeats: int = 2) -> float:
         target.clear()
         target.decode(tokens[:16], logits="none")
         base = target.n_past
-        best = float("inf")
+        best = (float("inf"), 0.0)
         for _ in range(repeats + 1):  # the first is a warm-up
             start = time.perf_counter()
-            logits = head.begin(tokens[15], base)
+            logits = head.begin(tokens[15], base, n)
             for x in tokens[16:16 + n - 1]:
                 logits = head.step(x)
             head.end()
             drafted = time.perf_counter() - start
-            caught = head.seconds["catch_up"]
+            caught = _catch_up(head)
             target.decode(tokens[16:16 + n], logits="all")
-            catch_up = head.seconds["catch_up"] - caught
+            catch_up = _catch_up(head) - caught
             target.truncate(base)
-            best = min(best, (drafted + catch_up) / n)
+            best = min(best, (drafted + catch_up, catch_up))
         del logits
-        return best
+        total, catch_up = best
+        if getattr(head, "max_draft", None):
+            return {"token": catch_up / n, "round": total - catch_up}
+        return {"token": total / n}
     finally:
         target.clear()
         head.activate(was)
 
 
-def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False, head=None) -> Costs:
-    """The costs of this target (and draft, and the target's MTP head), from the cache or measured now."""
+def _catch_up(head) -> float:
+    """Seconds a head has spent following the target (every kind of its time but drafting)."""
+    return sum(v for k, v in head.seconds.items() if k != "draft")
+
+
+def _head_key(tkey: str, head) -> str:
+    """A head's cache entry: the target's, and for a draft file its name and size (the MTP head: the target's own)."""
+    model = getattr(head, "draft_model", None)
+    if model is None:
+        return tkey + "|mtp"
+    return f"{tkey}|{head.name}:{Path(model.path).name}:{Path(model.path).stat().st_size}"
+
+
+def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False, heads=()) -> Costs:
+    """The costs of this target (and draft, and the heads following it: MTP, EAGLE-3, DFlash), from the cache or
+    measured now."""
     cache, new = load_cache(), {}
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
@@ -372,16 +398,18 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             d = {"token_seconds": measure_draft_step(draft), "machine": machine()["summary"]}
             new[dkey] = d
         draft_seconds = d["token_seconds"]
-    mtp_seconds = None
-    if head is not None:
-        hkey = tkey + "|mtp"
+    head_seconds = {}
+    for head in heads or ():
+        hkey = _head_key(tkey, head)
         d = None if refresh else cache.get(hkey)
         if not valid_draft_entry(d):
-            d = {"token_seconds": measure_mtp_step(head), "machine": machine()["summary"]}
+            measured = measure_head_step(head)
+            d = {"token_seconds": measured["token"], "round_seconds": measured.get("round", 0.0),
+                 "machine": machine()["summary"]}
             new[hkey] = d
-        mtp_seconds = d["token_seconds"]
+        head_seconds[head.name] = {"token": d["token_seconds"], "round": d.get("round_seconds") or 0.0}
     _update_cache(new)
     rollback = entry.get("rollback")
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
                  Rollback(**{f.name: rollback[f.name] for f in fields(Rollback)}) if rollback else None,
-                 mtp_token_seconds=mtp_seconds)
+                 head_seconds=head_seconds)

@@ -114,7 +114,7 @@ def pair_defaults(spec: PairSpec) -> dict:
 def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults). modes: those the run will
     use, checked against the files before anything loads (mtp: the target's MTP layers)."""
-    from ..core import MTP_MODES
+    from ..core import HEAD_MODES, HIDDEN_DRAFT_MODES, MTP_MODES
     from ..engine import Engine
     from ..llama.gguf_info import read_info
     from ..llama.heads import check_mtp_file, is_mtp_file
@@ -125,6 +125,12 @@ def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
                                              use_default=o.use_default)
     if any(m in MTP_MODES for m in modes) and not (draft and is_mtp_file(read_info(draft))):
         check_mtp_file(target)
+    for mode in (m for m in modes if m in HIDDEN_DRAFT_MODES):
+        arch = read_info(draft).architecture if draft else None
+        if arch != HEAD_MODES[mode]:
+            raise GGUFSpecError(f"--mode {mode} drafts with {'an EAGLE-3' if mode == 'eagle3' else 'a DFlash'} draft "
+                                f"trained for this target (a GGUF of architecture {HEAD_MODES[mode]}); "
+                                + (f"{Path(draft).name}'s architecture is {arch}" if draft else "give one with -md"))
     target_devices, draft_devices = devices_for(o.rpc, o.devices, o.draft_devices)
     # The planner's budgets: the free memory of the devices each model may use (none named: any GPU found).
     planned = {}
@@ -225,6 +231,8 @@ def check_pair(target: str, draft: str, registry=None) -> str:
     reg = load_registry(registry)
     with Model(resolve_model(target, reg, offline=True), role="target", vocab_only=True) as t, \
             Model(resolve_model(draft, reg, offline=True), role="draft", vocab_only=True) as d:
+        if d.info.architecture in ("eagle3", "dflash"):
+            return _check_hidden_draft(t.path, d.path)
         check_compatible(t, d)
         for m in (t, d):  # a vocabulary that fits is not yet a model that loads: load each (mapped, not copied)
             Model(m.path, role=m.role, repack=False).close()
@@ -232,3 +240,18 @@ def check_pair(target: str, draft: str, registry=None) -> str:
         return (f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)"
                 + (f"; {t.path.name} also carries {mtp} MTP layer{'s' if mtp > 1 else ''} of its own (--mode mtp)"
                    if mtp else ""))
+
+
+def _check_hidden_draft(target, draft) -> str:
+    """An EAGLE-3 or DFlash draft against its target, both loaded (mapped, not copied): the layers it reads exist,
+    the hidden states' width and the vocabulary match (what llama.cpp would otherwise abort on)."""
+    from ..llama.backend import Model
+    from ..llama.dflash import check_dflash
+    from ..llama.hidden import check_eagle3
+
+    with Model(target, role="target", repack=False) as t, Model(draft, role="draft", repack=False) as d:
+        arch = d.info.architecture
+        ids = check_eagle3(t, d) if arch == "eagle3" else check_dflash(t, d)[0]
+        what = "an EAGLE-3" if arch == "eagle3" else "a DFlash"
+        return (f"compatible: {d.path.name} is {what} draft for {t.path.name}: it reads the inputs of target layers "
+                f"{', '.join(map(str, ids))} of {t.info.n_layers} ({t.n_vocab} tokens); use --mode {arch}")

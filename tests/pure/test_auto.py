@@ -247,12 +247,12 @@ def test_a_rollback_is_counted_and_auto_drafts_shorter_or_not_at_all_where_it_co
 class _Head:
     """A model's MTP head as HeadDrafter sees it: always ready, its drafts a fixed run of tokens."""
 
-    n_ctx, n_vocab = 4096, 16
+    n_ctx, n_vocab, name, max_draft = 4096, 16, "mtp", None
 
     def ready(self, n_past):
         return True
 
-    def begin(self, token, position):
+    def begin(self, token, position, n=1):
         return self._logits(token)
 
     def step(self, token):
@@ -281,8 +281,35 @@ def test_auto_takes_the_mtp_head_only_where_it_pays(table, mtp_step, used):
     from ggufspec.drafters import HeadDrafter
     from ggufspec.sampling import SamplingParams
 
-    costs = dataclasses.replace(table(), mtp_token_seconds=mtp_step)
-    d = AutoDrafter(Verification.of(costs, False), costs, lookup=LookupDrafter(), head=HeadDrafter(_Head()))
-    assert (d.mtp is not None) == used
+    costs = dataclasses.replace(table(), head_seconds={"mtp": {"token": mtp_step}})
+    d = AutoDrafter(Verification.of(costs, False), costs, lookup=LookupDrafter(), heads={"mtp": HeadDrafter(_Head())})
+    assert ("mtp" in d.heads) == used
     draft = d.propose([1, 2, 3], 4, SamplingParams(), np.random.default_rng(0))
     assert (draft.source == "mtp" and draft.tokens[:2] == [4, 5]) if used else draft.source != "mtp"
+
+
+class _Block(_Head):
+    """A DFlash draft as HeadDrafter sees it: a block of at most 3 drafts, its cost mostly per block."""
+
+    name, max_draft = "dflash", 3
+
+
+@pytest.mark.parametrize("block_seconds,used", [(0.004, True), (0.2, False)])
+def test_auto_weighs_a_dflash_block_by_its_cost_per_draft_and_caps_it(block_seconds, used):
+    """A block costs the same whatever its length: auto weighs it spread over the draft, drafts at most the block's
+    max_draft, and leaves a block dearer than the steps it could save alone."""
+    import dataclasses
+
+    import numpy as np
+
+    from ggufspec.drafters import HeadDrafter
+    from ggufspec.sampling import SamplingParams
+
+    costs = dataclasses.replace(gpu_like(), head_seconds={"dflash": {"token": 0.0001, "round": block_seconds}})
+    d = AutoDrafter(Verification.of(costs, False), costs, lookup=LookupDrafter(), heads={"dflash": HeadDrafter(_Block())})
+    assert ("dflash" in d.heads) == used
+    draft = d.propose([1, 2, 3], 8, SamplingParams(), np.random.default_rng(0))
+    if used:
+        assert draft.source == "dflash" and draft.tokens == [4, 5, 6]  # capped at the block's 3
+    else:
+        assert draft.source != "dflash"
