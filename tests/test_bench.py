@@ -12,6 +12,7 @@ from clirun import TIMEOUT, one_line, run, stderr_lines
 import csv
 import io
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -85,6 +86,17 @@ def test_per_suite_rows_and_sampled_runs(tiny):
               "--temp", "0.7", "--sampling-rule", "rejection", "--json")
     data = json.loads(r.stdout)
     assert all(row["identical_to_target"] is None for row in data["rows"])  # the rejection rule's text may differ
+
+
+def test_footer_says_per_suite_what_auto_chose_and_its_predicted_against_measured_rate(tiny):
+    r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code,edit", "-n", "8", "--modes", "target,auto",
+              "--by-suite")
+    assert r.exit_code == 0, r.output
+    lines = {line.split(":")[0]: line for line in r.stdout.splitlines() if "rounds by source" in line}
+    assert set(lines) == {"auto, code", "auto, edit"}
+    for line in lines.values():  # 8 tokens: the first from the prompt's row, then rounds that add up to 7 or more
+        counts = [int(n) for n in re.findall(r"(?:none|lookup|draft|mtp) (\d+)", line)]
+        assert sum(counts) >= 2 * 2 and re.search(r"predicted [0-9.]+ tok/s, measured [0-9.]+", line), line
 
 
 def test_prompts_file_text_and_jsonl(tiny, tmp_path):

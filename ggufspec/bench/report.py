@@ -122,6 +122,24 @@ def bench_footer(meta: dict) -> str:
     return _costs_line(meta)
 
 
+def auto_footer(rows: list[dict]) -> str:
+    """Per auto row (each suite's with --by-suite): which source its rounds drafted from, and the tokens per
+    second its cost table expected of them against those measured (Python's work between decodes included)."""
+    lines = []
+    for r in rows:
+        if r["mode"] != "auto" or r.get("reference") or not r.get("rounds_by_source"):
+            continue
+        where = r["label"] + ("" if r["group"] == "all" else f", {r['group']}")
+        chose = ", ".join(f"{'none' if s == 'target' else s} {n}" for s, n in
+                          sorted(r["rounds_by_source"].items(), key=lambda kv: -kv[1]))
+        rates = ""
+        if r.get("planned_tokens_per_second"):
+            rates = (f"; predicted {r['planned_tokens_per_second']:.1f} tok/s, "
+                     f"measured {r['measured_tokens_per_second']:.1f}")
+        lines.append(f"{where}: rounds by source {chose}{rates}")
+    return "\n".join(lines)
+
+
 def _prefill_line(meta: dict) -> str:
     if meta.get("prefill") == "reused":
         return (f"prompts: what the KV cache held of a prompt was kept between runs (whole batches of {meta['n_batch']} "

@@ -70,6 +70,9 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             "peak_rss_bytes": max(r.rss for r in rs),
             "identical_to_target": None, "divergence": None,
             "predicted_speedup": None, "predicted_speedup_costs": None,
+            # what the planner chose, and the tokens per second its cost table expected against those measured
+            "rounds_by_source": total.rounds_by_source, "planned_tokens_per_second": total.predicted_rate,
+            "measured_tokens_per_second": total.tokens_per_second,
         }
         if settings.comparable and config.mode in DRAFTING_MODES:
             row["identical_to_target"] = True

@@ -159,7 +159,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     """
     from ..bench import benchmark as B
     from ..bench.prompts import load_prompts
-    from ..bench.report import bench_footer, bench_table, to_csv, to_json
+    from ..bench.report import auto_footer, bench_footer, bench_table, to_csv, to_json
 
     load, given, draft_max = split_options(options)
     given = {k: v for k, v in given.items() if k not in ("mode", "ignore_eos")}
@@ -192,7 +192,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         click.echo(to_csv(result.rows, [(k, k) for k in result.rows[0]] if result.rows else None), nl=False)
     else:
         click.echo(bench_table(result.rows, grouped=by != "all", wide=wide, as_markdown=as_markdown))
-        footer = bench_footer(result.meta)
+        footer = "\n".join(part for part in (bench_footer(result.meta), auto_footer(result.rows)) if part)
         if footer:
             click.echo("\n" + footer)
     if plot:
