@@ -193,7 +193,9 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     assert depth > 0 and [row["label"] for row in ref] == [f"llama.cpp llama-bench (target, depth {depth})",
                                               "llama.cpp speculative-simple, draft model (draft-max 2)",
                                               "llama.cpp speculative-simple, ngram-simple",
-                                              "llama.cpp speculative-simple, ngram-mod"]
+                                              "llama.cpp speculative-simple, ngram-map-k",
+                                              "llama.cpp speculative-simple, ngram-mod",
+                                              "llama.cpp speculative-simple, ngram-cache"]
     assert ref[0]["tokens_per_second"] == 20.5 + depth % 10  # at the prompt's length, before and after ggufspec's runs
     assert ref[1]["identical_to_target"] is False and ref[1]["divergence"] == {"prompt": "code-0"}  # not the target's text
     assert ref[0]["identical_to_target"] is None  # llama-bench writes no text
@@ -204,7 +206,8 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     by_rows = [row for row in json.loads(by_suite.stdout)["rows"] if row.get("reference")]
     groups = [(row["group"], row["mode"]) for row in by_rows]
     assert groups == [(suite, mode) for suite in ("code", "fix")
-                      for mode in ("llama-bench", "llama.cpp-ngram-simple", "llama.cpp-ngram-mod")]
+                      for mode in ("llama-bench", "llama.cpp-ngram-simple", "llama.cpp-ngram-map-k",
+                                   "llama.cpp-ngram-mod", "llama.cpp-ngram-cache")]
     benches = [row for row in by_rows if row["mode"] == "llama-bench"]
     assert benches[0]["depth"] == depth and benches[1]["depth"] > depth  # each suite at its own prompts' length
     assert [row["tokens_per_second"] for row in benches] == [20.5 + row["depth"] % 10 for row in benches]
