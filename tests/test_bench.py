@@ -99,6 +99,36 @@ def test_footer_says_per_suite_what_auto_chose_and_its_predicted_against_measure
         assert sum(counts) >= 2 * 2 and re.search(r"predicted [0-9.]+ tok/s, measured [0-9.]+", line), line
 
 
+def _row(label, tps, low, high, group="all", repeats=2, mode=None):
+    return {"label": label, "mode": mode or label, "group": group, "repeats": repeats, "tokens_per_second": tps,
+            "tokens_per_second_min": low, "tokens_per_second_max": high}
+
+
+def test_notes_say_where_rows_are_within_the_runs_noise():
+    from ggufspec.bench.rows import noise_notes
+
+    rows = [_row("target", 20.0, 19.5, 20.5), _row("draft-alone", 60.0, 59, 61), _row("draft", 23.0, 22.0, 23.5),
+            _row("lookup", 20.3, 20.1, 21.0), _row("auto", 23.4, 22.8, 24.0),
+            dict(_row("llama.cpp ngram-mod", 30.0, 30.0, 30.0), reference=True)]  # llama.cpp's rows are not judged
+    assert noise_notes(rows) == ["draft within noise of the fastest row, auto (their min-max ranges overlap)",
+                                 "lookup within noise of target-only"]
+    apart = [_row("target", 20.0, 19.5, 20.5, "code"), _row("auto", 30.0, 29.0, 31.0, "code")]
+    assert noise_notes(apart) == []
+    single = [_row("target", 20.0, 20.0, 20.0, repeats=1), _row("auto", 20.4, 20.4, 20.4, repeats=1)]
+    assert noise_notes(single)[0].startswith("one repeat: min-max shows no spread")
+
+
+def test_a_default_bench_shows_no_range_for_one_repeat_and_says_so(tiny):
+    r = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--modes", "target,lookup")
+    assert r.exit_code == 0, r.output
+    target = next(line for line in r.stdout.splitlines() if line.startswith("target"))
+    assert target.split()[2] == "-"  # tok/s, then min-max: not a range of one value
+    assert "note: one repeat: min-max shows no spread" in r.stdout
+    two = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--modes", "target", "--repeats", "2")
+    line = next(line for line in two.stdout.splitlines() if line.startswith("target"))
+    assert re.fullmatch(r"[0-9.]+-[0-9.]+", line.split()[2]), line
+
+
 def test_prompts_file_text_and_jsonl(tiny, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "hello"}\n{"messages": [{"role": "user", "content": "hi"}]}\nplain line\n')

@@ -96,8 +96,9 @@ def bench_cells(r: dict) -> dict:
     d = dict(r, tps=f"{r['tokens_per_second']:.1f}", speedup=_ratio(r["speedup"]), alpha=_pct(r["acceptance_rate"]))
     if r.get("partial"):  # cut short by an interrupt: fewer prompts than the other rows
         d["label"] = f"{r['label']} (partial)"
-    spread = r["tokens_per_second_max"] - r["tokens_per_second_min"]
-    d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}" if spread or not r.get("reference") else "-"
+    # one repeat, or one llama.cpp run, measures no spread: a range of one value would look like none
+    measured = (r.get("repeats") or 1) > 1 if not r.get("reference") else r["tokens_per_second_max"] > r["tokens_per_second_min"]
+    d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}" if measured else "-"
     if r.get("reference"):  # llama.cpp's own programs: only what they report, and whether their text was the target's
         d["identical"] = _identical(r)
         return d
