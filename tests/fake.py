@@ -27,6 +27,19 @@ class Clock:
         return self.now
 
 
+def on_clock(monkeypatch) -> Clock:
+    """A fake clock for the loop, auto and the drafters: their rounds are timed by what fake targets with a
+    clock say their decodes cost, not by Python's speed on a numpy table (which would have auto's guard judge that)."""
+    import ggufspec.auto
+    import ggufspec.drafters
+    import ggufspec.speculative
+
+    clock = Clock()
+    for module in (ggufspec.speculative, ggufspec.auto, ggufspec.drafters):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
 class FakeTarget:
     def __init__(self, n_vocab: int = 24, seed: int = 0, *, scale: float = 2.0, n_ctx: int = 512, n_batch: int = 64,
                  batch_drift: float = 0.0, exact_batch: int = 64, table: np.ndarray | None = None,

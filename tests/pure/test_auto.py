@@ -299,18 +299,13 @@ def _timed_rounds(monkeypatch, costs: dict, n_tokens: int = 240, moved: dict | N
     nearly free and the draft is cheap; after `at` timed rounds the costs become `moved`. Returns auto's greedy
     text, plain decoding's, and auto's timed rounds."""
     import numpy as np
-    from fake import Clock, FakeTarget
+    from fake import FakeTarget, on_clock
 
-    import ggufspec.auto
-    import ggufspec.drafters
-    import ggufspec.speculative
     from ggufspec.drafters import ModelDrafter
     from ggufspec.sampling import SamplingParams
     from ggufspec.speculative import prefill, rounds
 
-    clock = Clock()
-    for module in (ggufspec.speculative, ggufspec.auto, ggufspec.drafters):
-        monkeypatch.setattr(module, "time", clock)
+    clock = on_clock(monkeypatch)
     target = FakeTarget(seed=1, clock=clock, seconds=lambda n: costs["fixed"] + costs["row"] * n)
     draft = target.like(7, 0.0, clock=clock, seconds=lambda n: costs["draft"])  # the same model: always right
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
@@ -359,3 +354,29 @@ def test_a_paused_source_that_pays_again_is_taken_back(monkeypatch):
     sources = [r.source for r in timed]
     assert sources[:40].count("draft") < 12
     assert sources[-20:].count("draft") >= 15
+
+
+def _replay(drafter, prompt, answer, draft_max):
+    """Rounds of a drafter against a known greedy answer (the target's text): (rounds, accepted drafts)."""
+    history, pos, rounds, accepted = list(prompt) + answer[:1], 1, 0, 0
+    while pos < len(answer):
+        tokens = drafter.match(history, min(draft_max, len(answer) - pos - 1))[0]
+        n = next((i for i, (a, b) in enumerate(zip(tokens, answer[pos:])) if a != b), len(tokens))
+        history += answer[pos:pos + n + 1]
+        pos, rounds, accepted = pos + n + 1, rounds + 1, accepted + n
+    return rounds, accepted
+
+
+def test_lookup_resumes_a_copy_right_after_a_renamed_token():
+    """An edit that renames a word copies the prompt but that token: the copy goes on right after it (one round
+    per rename), where a lookup of the last n-gram waits until two tokens past the rename agree again."""
+    import numpy as np
+
+    block = [int(t) for t in np.random.default_rng(3).permutation(np.arange(10, 90))[:60]]  # code: distinct tokens
+    old = block[5]
+    block[25] = block[45] = old  # the name occurs three times
+    prompt = [1, 2] + block + [3]
+    answer = [99 if t == old else t for t in block]  # renamed: 99 wherever `old` was
+    assert _replay(LookupDrafter(), prompt, answer, 16) == (9, 50)  # was (13, 46): two more rounds at each later rename
+    # the agreement counts the copy on both sides of the renamed token (4 + 19; was 4): auto reads a long copy
+    assert LookupDrafter().match(prompt + answer[:30], 4) == (block[30:34], 23)
