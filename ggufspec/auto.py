@@ -13,7 +13,8 @@ the shape measured at load (what a batch of n costs relative to one step, what a
 costs); every round rescales them by how fast the machine runs now. Each observation moves the
 scale by at most a bounded step, so one stall (a page fault, another process) cannot make
 drafting look cheap, and the scale of the target is updated by every round, whichever drafter
-won it, so a wrong estimate cannot lock itself in.
+won it, so a wrong estimate cannot lock itself in. Beside the table's prediction a `watch.RateWatch` times
+what each source's rounds deliver against plain rounds and pauses a source that loses, whatever the table says.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
 from .verification import Verification
+from .watch import RateWatch
 
 
 class Estimate:
@@ -96,6 +98,7 @@ class AutoDrafter(Drafter):
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
         # A draft of the same family agrees often; a light prior, so that a few rounds decide the length.
         self.model_alpha = Estimate(0.8, 2.0)
+        self.watch = RateWatch()  # what each source's rounds deliver, whatever the table predicts
 
     def model_may_pay(self) -> bool:
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
@@ -156,7 +159,8 @@ class AutoDrafter(Drafter):
         start = time.perf_counter()
         n_past = len(history) - 1  # exactness ends at exact_kv, so what a batch costs depends on it
         best = ("target", 0, self.margin / self.step_cost)
-        longest_copy = min(draft_max, self.lookup_max or draft_max)
+        allows = self.watch.allows
+        longest_copy = min(draft_max, self.lookup_max or draft_max) if allows("lookup") else 0
         match, agreement = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0)
         if match:
             a = self.lookup_alpha[lookup_bucket(agreement)].optimistic(self.explore)
@@ -165,29 +169,32 @@ class AutoDrafter(Drafter):
                 if r > best[2]:
                     best = ("lookup", n, r)
         for name, head in self.heads.items():
-            if not head.head.ready(n_past):
+            if not allows(name) or not head.head.ready(n_past):
                 continue
             a = self.head_alpha[name].value
             for n in range(1, min(draft_max, self._longest(head)) + 1):
                 r = self.rate(a, n, self._head_step(name, n), n_past)
                 if r > best[2]:
                     best = (name, n, r)
-        if self.model is not None and self.draft_cost:
+        if self.model is not None and self.draft_cost and allows("draft"):
             a = self.model_alpha.value
             for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
                 r = self.rate(a, n, self.draft_cost, n_past)
                 if r > best[2]:
                     best = ("draft", n, r)
-        source, n, _ = best
+        source, n, rate = best
         if source == "lookup":
-            return Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement)
-        if source in self.heads:
-            return self.heads[source].propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
-        if source == "draft":
+            draft = Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement)
+        elif source in self.heads:
+            draft = self.heads[source].propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
+        elif source == "draft":
             p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
-            return self.model.propose(history, n, params, rng, noise=noise, p_min=p_min,
-                                      may_extend=lambda k: self.one_more_is_free(k, n_past))
-        return Draft(tokens=[], seconds=time.perf_counter() - start, source="target")
+            draft = self.model.propose(history, n, params, rng, noise=noise, p_min=p_min,
+                                       may_extend=lambda k: self.one_more_is_free(k, n_past))
+        else:
+            draft, rate = Draft(tokens=[], seconds=time.perf_counter() - start, source="target"), 1 / self.step_cost
+        draft.predicted_rate = rate
+        return draft
 
     def p_min_for(self, n: int, n_past: int) -> float:
         """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,
@@ -216,6 +223,7 @@ class AutoDrafter(Drafter):
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
+        self.watch.observe(r, 1 / self.step_cost)
         rows = r.n_drafted + 1  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))

@@ -83,6 +83,7 @@ class Draft:
     seconds: float = 0.0
     source: str = "target"  # which drafter proposed ("target": none did)
     agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
+    predicted_rate: float | None = None  # auto: the tokens per second its cost table expected of this round
 
 
 @dataclass(kw_only=True)
@@ -127,10 +128,18 @@ class Stats:
     ties_settled: int = 0
     tie_gaps: list[float] = field(default_factory=list)
     n_timed: int = 0  # the tokens generation_seconds covers (see add)
+    # auto's prediction, time-weighted: the sum over predicted rounds of seconds x predicted tokens per second
+    predicted_tokens: float = 0.0
+    predicted_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
         return self.n_timed / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    @property
+    def predicted_rate(self) -> float | None:
+        """Tokens per second auto's cost table expected of its rounds (None: no round was planned by it)."""
+        return self.predicted_tokens / self.predicted_seconds if self.predicted_seconds > 0 else None
 
     @property
     def acceptance_rate(self) -> float:
@@ -162,6 +171,9 @@ class Stats:
                 self.accepted_histogram.append(0)
             self.accepted_histogram[r.n_accepted] += 1
             self.full_accepts += r.n_accepted == r.n_drafted
+        if r.draft.predicted_rate:
+            self.predicted_tokens += r.seconds * r.draft.predicted_rate
+            self.predicted_seconds += r.seconds
         self.draft_seconds += r.draft_seconds
         self.target_seconds += r.target_seconds
         self.ties_settled += r.ties_settled

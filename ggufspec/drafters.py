@@ -181,6 +181,14 @@ class HeadDrafter(Drafter):
         return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
 
 
+def _run(history: list[int], j: int, last: int, reach: int) -> int:
+    """How many tokens ending at j equal those ending at last, up to reach."""
+    m = 0
+    while m < reach and j - m >= 0 and history[j - m] == history[last - m]:
+        m += 1
+    return m
+
+
 class LookupDrafter(Drafter):
     """Prompt lookup: find an earlier occurrence of the history's last n tokens and propose
     what followed it. No second model; costs microseconds. The index is incremental.
@@ -215,24 +223,38 @@ class LookupDrafter(Drafter):
                         del seen[0]
         self._indexed_to = max(self._indexed_to, end)
 
-    def _agreement(self, history: list[int], j: int) -> int:
-        """How many tokens ending at j equal the history's last ones (up to `reach`)."""
-        last, m = len(history) - 1, 0
-        while m < self.reach and j - m >= 0 and history[j - m] == history[last - m]:
-            m += 1
+    def _agreement(self, history: list[int], j: int, last: int | None = None) -> int:
+        """How many tokens ending at j equal the history's ending at `last` (default: its last token), up to
+        `reach`, across one substituted token: an edit that renames a word changes one token of a copy, and the
+        copy on both sides of it is the evidence that the text goes on copying."""
+        last = len(history) - 1 if last is None else last
+        m = _run(history, j, last, self.reach)
+        if m < self.reach and j - m - 1 >= 0 and j - m != last - m - 1:  # one token differs: count on past it
+            after = _run(history, j - m - 1, last - m - 1, self.reach - m - 1)
+            if after >= self.ngram_max:  # a substitution inside a copy, not a place that merely ends alike
+                return m + after
         return m
 
     def match(self, history: list[int], draft_max: int) -> tuple[list[int], int]:
-        """(continuation tokens, length of the agreement before it); ([], 0) when nothing matches."""
+        """(continuation tokens, length of the agreement before it); ([], 0) when nothing matches. Where the
+        history's last token is one the copied place does not have (a renamed word), the copy resumes after it:
+        the place that agrees with the history up to that token, continued one token further on."""
         self._extend_index(history)
+        best: tuple[int, int] = (0, -1)  # (agreement, the copied place's last position): continue at +1
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
-            if len(history) < n:
-                continue
-            seen = self._index[n].get(tuple(history[-n:]))
+            seen = self._index[n].get(tuple(history[-n:])) if len(history) >= n else None
             if seen:
-                m, j = max((self._agreement(history, j), j) for j in seen)  # ties: the latest
-                return list(history[j + 1 : j + 1 + draft_max]), m
-        return [], 0
+                best = max((self._agreement(history, j), j) for j in seen)  # ties: the latest
+                break
+        last = len(history) - 2  # the copy up to the token before the last: does it resume past a substitution?
+        seen = self._index[self.ngram_max].get(tuple(history[-self.ngram_max - 1:-1])) if last >= self.ngram_max else None
+        for j in seen or ():
+            if j < last and history[j + 1] != history[-1]:
+                m = _run(history, j, last, self.reach)
+                if m >= 2 * self.ngram_max and m > best[0]:  # a long copy, broken by this one token
+                    best = (m, j + 1)
+        m, j = best
+        return (list(history[j + 1 : j + 1 + draft_max]), m) if j >= 0 else ([], 0)
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
                 *, noise: PositionNoise | None = None) -> Draft:

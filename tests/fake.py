@@ -16,9 +16,34 @@ import numpy as np
 from ggufspec.errors import ContextFullError
 
 
+class Clock:
+    """A stand-in for the `time` module of the loop's modules: only fake targets' decodes move it, by what
+    their `seconds(n_tokens)` says a decode costs, so rounds are timed as a machine with those costs would."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def on_clock(monkeypatch) -> Clock:
+    """A fake clock for the loop, auto and the drafters: their rounds are timed by what fake targets with a
+    clock say their decodes cost, not by Python's speed on a numpy table (which would have auto's guard judge that)."""
+    import ggufspec.auto
+    import ggufspec.drafters
+    import ggufspec.speculative
+
+    clock = Clock()
+    for module in (ggufspec.speculative, ggufspec.auto, ggufspec.drafters):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
 class FakeTarget:
     def __init__(self, n_vocab: int = 24, seed: int = 0, *, scale: float = 2.0, n_ctx: int = 512, n_batch: int = 64,
-                 batch_drift: float = 0.0, exact_batch: int = 64, table: np.ndarray | None = None):
+                 batch_drift: float = 0.0, exact_batch: int = 64, table: np.ndarray | None = None,
+                 clock: Clock | None = None, seconds=None):
         rng = np.random.default_rng(seed)
         self.table = table if table is not None else rng.normal(size=(n_vocab, n_vocab, n_vocab)) * scale
         self.n_vocab, self.n_ctx, self.n_batch = n_vocab, n_ctx, n_batch
@@ -26,11 +51,12 @@ class FakeTarget:
         self._drift = np.random.default_rng(seed + 1000).normal(size=(n_ctx, n_vocab)) * batch_drift
         self.tokens: list[int] = []
         self.batches: list[int] = []  # the size of every decode, in order
+        self.clock, self.seconds = clock, seconds  # seconds(n_tokens): what a decode costs on the clock
 
-    def like(self, seed: int, closeness: float) -> "FakeTarget":
-        """A draft of this target: its table plus noise (closeness 0: the same model)."""
+    def like(self, seed: int, closeness: float, **timing) -> "FakeTarget":
+        """A draft of this target: its table plus noise (closeness 0: the same model). timing: clock, seconds."""
         noise = np.random.default_rng(seed).normal(size=self.table.shape) * closeness
-        return FakeTarget(self.n_vocab, n_ctx=self.n_ctx, n_batch=self.n_batch, table=self.table + noise)
+        return FakeTarget(self.n_vocab, n_ctx=self.n_ctx, n_batch=self.n_batch, table=self.table + noise, **timing)
 
     @property
     def n_past(self) -> int:
@@ -48,6 +74,8 @@ class FakeTarget:
         start = self.n_past
         self.tokens.extend(tokens)
         self.batches.append(len(tokens))
+        if self.clock is not None:
+            self.clock.now += self.seconds(len(tokens))
         rows = np.stack([self.row(i) for i in range(start, self.n_past)])
         if len(tokens) > self.exact_batch:
             rows = rows + self._drift[start:self.n_past]

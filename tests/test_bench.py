@@ -12,6 +12,7 @@ from clirun import TIMEOUT, one_line, run, stderr_lines
 import csv
 import io
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -85,6 +86,47 @@ def test_per_suite_rows_and_sampled_runs(tiny):
               "--temp", "0.7", "--sampling-rule", "rejection", "--json")
     data = json.loads(r.stdout)
     assert all(row["identical_to_target"] is None for row in data["rows"])  # the rejection rule's text may differ
+
+
+def test_footer_says_per_suite_what_auto_chose_and_its_predicted_against_measured_rate(tiny):
+    r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code,edit", "-n", "8", "--modes", "target,auto",
+              "--by-suite")
+    assert r.exit_code == 0, r.output
+    lines = {line.split(":")[0]: line for line in r.stdout.splitlines() if "rounds by source" in line}
+    assert set(lines) == {"auto, code", "auto, edit"}
+    for line in lines.values():  # 8 tokens: the first from the prompt's row, then rounds that add up to 7 or more
+        counts = [int(n) for n in re.findall(r"(?:none|lookup|draft|mtp) (\d+)", line)]
+        assert sum(counts) >= 2 * 2 and re.search(r"predicted [0-9.]+ tok/s, measured [0-9.]+", line), line
+
+
+def _row(label, tps, low, high, group="all", repeats=2, mode=None):
+    return {"label": label, "mode": mode or label, "group": group, "repeats": repeats, "tokens_per_second": tps,
+            "tokens_per_second_min": low, "tokens_per_second_max": high}
+
+
+def test_notes_say_where_rows_are_within_the_runs_noise():
+    from ggufspec.bench.rows import noise_notes
+
+    rows = [_row("target", 20.0, 19.5, 20.5), _row("draft-alone", 60.0, 59, 61), _row("draft", 23.0, 22.0, 23.5),
+            _row("lookup", 20.3, 20.1, 21.0), _row("auto", 23.4, 22.8, 24.0),
+            dict(_row("llama.cpp ngram-mod", 30.0, 30.0, 30.0), reference=True)]  # llama.cpp's rows are not judged
+    assert noise_notes(rows) == ["draft within noise of the fastest row, auto (their min-max ranges overlap)",
+                                 "lookup within noise of target-only"]
+    apart = [_row("target", 20.0, 19.5, 20.5, "code"), _row("auto", 30.0, 29.0, 31.0, "code")]
+    assert noise_notes(apart) == []
+    single = [_row("target", 20.0, 20.0, 20.0, repeats=1), _row("auto", 20.4, 20.4, 20.4, repeats=1)]
+    assert noise_notes(single)[0].startswith("one repeat: min-max shows no spread")
+
+
+def test_a_default_bench_shows_no_range_for_one_repeat_and_says_so(tiny):
+    r = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--modes", "target,lookup")
+    assert r.exit_code == 0, r.output
+    target = next(line for line in r.stdout.splitlines() if line.startswith("target"))
+    assert target.split()[2] == "-"  # tok/s, then min-max: not a range of one value
+    assert "note: one repeat: min-max shows no spread" in r.stdout
+    two = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--modes", "target", "--repeats", "2")
+    line = next(line for line in two.stdout.splitlines() if line.startswith("target"))
+    assert re.fullmatch(r"[0-9.]+-[0-9.]+", line.split()[2]), line
 
 
 def test_prompts_file_text_and_jsonl(tiny, tmp_path):
@@ -181,7 +223,9 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     assert depth > 0 and [row["label"] for row in ref] == [f"llama.cpp llama-bench (target, depth {depth})",
                                               "llama.cpp speculative-simple, draft model (draft-max 2)",
                                               "llama.cpp speculative-simple, ngram-simple",
-                                              "llama.cpp speculative-simple, ngram-mod"]
+                                              "llama.cpp speculative-simple, ngram-map-k",
+                                              "llama.cpp speculative-simple, ngram-mod",
+                                              "llama.cpp speculative-simple, ngram-cache"]
     assert ref[0]["tokens_per_second"] == 20.5 + depth % 10  # at the prompt's length, before and after ggufspec's runs
     assert ref[1]["identical_to_target"] is False and ref[1]["divergence"] == {"prompt": "code-0"}  # not the target's text
     assert ref[0]["identical_to_target"] is None  # llama-bench writes no text
@@ -192,7 +236,8 @@ def test_compare_llama_cpp_rows_from_the_programs_output(tiny, tmp_path):
     by_rows = [row for row in json.loads(by_suite.stdout)["rows"] if row.get("reference")]
     groups = [(row["group"], row["mode"]) for row in by_rows]
     assert groups == [(suite, mode) for suite in ("code", "fix")
-                      for mode in ("llama-bench", "llama.cpp-ngram-simple", "llama.cpp-ngram-mod")]
+                      for mode in ("llama-bench", "llama.cpp-ngram-simple", "llama.cpp-ngram-map-k",
+                                   "llama.cpp-ngram-mod", "llama.cpp-ngram-cache")]
     benches = [row for row in by_rows if row["mode"] == "llama-bench"]
     assert benches[0]["depth"] == depth and benches[1]["depth"] > depth  # each suite at its own prompts' length
     assert [row["tokens_per_second"] for row in benches] == [20.5 + row["depth"] % 10 for row in benches]

@@ -199,9 +199,12 @@ def same_text(ours, theirs) -> bool | None:
 
 
 # llama.cpp's n-gram drafters as speculative-simple runs them: ngram-simple looks up the last 12 tokens
-# and drafts up to the 48 that followed (--spec-ngram-simple-size-n/-m); ngram-mod hashes 24-grams
-# and drafts 48 to 64. Neither reads --spec-draft-n-max, which is the draft model's.
-NGRAM_TYPES = ("ngram-simple", "ngram-mod")
+# and drafts up to the 48 that followed (--spec-ngram-simple-size-n/-m); ngram-map-k the same, keyed by the
+# 12-gram alone, its 48-token continuation proposed once seen --spec-ngram-map-k-min-hits times (1); ngram-mod
+# hashes 24-grams and drafts 48 to 64; ngram-cache drafts 8 from n-gram statistics of the context (its static
+# and dynamic cache files are llama-lookup's and the server's options, not speculative-simple's). None reads
+# --spec-draft-n-max, which is the draft model's.
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 
 def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_tokens: int, draft_max: tuple[int, ...],

@@ -96,8 +96,9 @@ def bench_cells(r: dict) -> dict:
     d = dict(r, tps=f"{r['tokens_per_second']:.1f}", speedup=_ratio(r["speedup"]), alpha=_pct(r["acceptance_rate"]))
     if r.get("partial"):  # cut short by an interrupt: fewer prompts than the other rows
         d["label"] = f"{r['label']} (partial)"
-    spread = r["tokens_per_second_max"] - r["tokens_per_second_min"]
-    d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}" if spread or not r.get("reference") else "-"
+    # one repeat, or one llama.cpp run, measures no spread: a range of one value would look like none
+    measured = (r.get("repeats") or 1) > 1 if not r.get("reference") else r["tokens_per_second_max"] > r["tokens_per_second_min"]
+    d["range"] = f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}" if measured else "-"
     if r.get("reference"):  # llama.cpp's own programs: only what they report, and whether their text was the target's
         d["identical"] = _identical(r)
         return d
@@ -120,6 +121,24 @@ def bench_footer(meta: dict) -> str:
         return "\n".join(f"-ngl {m['n_gpu_layers']} ({', '.join(k for k in m['placement']['target'])}): "
                          + _costs_line(m) for m in meta["sweep"])
     return _costs_line(meta)
+
+
+def auto_footer(rows: list[dict]) -> str:
+    """Per auto row (each suite's with --by-suite): which source its rounds drafted from, and the tokens per
+    second its cost table expected of them against those measured (Python's work between decodes included)."""
+    lines = []
+    for r in rows:
+        if r["mode"] != "auto" or r.get("reference") or not r.get("rounds_by_source"):
+            continue
+        where = r["label"] + ("" if r["group"] == "all" else f", {r['group']}")
+        chose = ", ".join(f"{'none' if s == 'target' else s} {n}" for s, n in
+                          sorted(r["rounds_by_source"].items(), key=lambda kv: -kv[1]))
+        rates = ""
+        if r.get("planned_tokens_per_second"):
+            rates = (f"; predicted {r['planned_tokens_per_second']:.1f} tok/s, "
+                     f"measured {r['measured_tokens_per_second']:.1f}")
+        lines.append(f"{where}: rounds by source {chose}{rates}")
+    return "\n".join(lines)
 
 
 def _prefill_line(meta: dict) -> str:

@@ -70,6 +70,9 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             "peak_rss_bytes": max(r.rss for r in rs),
             "identical_to_target": None, "divergence": None,
             "predicted_speedup": None, "predicted_speedup_costs": None,
+            # what the planner chose, and the tokens per second its cost table expected against those measured
+            "rounds_by_source": total.rounds_by_source, "planned_tokens_per_second": total.predicted_rate,
+            "measured_tokens_per_second": total.tokens_per_second,
         }
         if settings.comparable and config.mode in DRAFTING_MODES:
             row["identical_to_target"] = True
@@ -119,6 +122,37 @@ def partial_note(rows_: list[dict]) -> str | None:
         return None
     return (f"{', '.join(cut)} finished fewer runs than the other rows (marked partial): each speed-up compares "
             "only the prompts both it and the target finished")
+
+
+def noise_notes(rows_: list[dict]) -> list[str]:
+    """Lines saying where the table's order is within this run's noise: per group, the rows whose min-max over
+    repeats overlaps the fastest row's (their order may change in another run), and the speculating rows whose
+    range overlaps target-only's (no measured gain). With one repeat there is no spread to compare: one line says so."""
+    mine = [r for r in rows_ if not r.get("reference")]
+    if not mine:
+        return []
+    if max(r["repeats"] for r in mine) < 2:
+        return ["one repeat: min-max shows no spread, and rows a few percent apart may swap in another run "
+                "(--repeats 2 or more measures the spread)"]
+    notes = []
+    for group in dict.fromkeys(r["group"] for r in mine):
+        rs = [r for r in mine if r["group"] == group and r["mode"] != "draft-alone"]  # draft-alone writes other text
+        where = "" if group == "all" else f"{group}: "
+        best = max(rs, key=lambda r: r["tokens_per_second"])
+        ties = [r["label"] for r in rs if r is not best and _overlap(r, best)]
+        if ties:
+            notes.append(f"{where}{', '.join(ties)} within noise of the fastest row, {best['label']} "
+                         "(their min-max ranges overlap)")
+        target = next((r for r in rs if r["mode"] == "target"), None)
+        level = [r["label"] for r in rs if target is not None and r is not target and r is not best
+                 and r["label"] not in ties and _overlap(r, target)]
+        if level:
+            notes.append(f"{where}{', '.join(level)} within noise of target-only")
+    return notes
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["tokens_per_second_min"] <= b["tokens_per_second_max"] and b["tokens_per_second_min"] <= a["tokens_per_second_max"]
 
 
 def tps(rs: list[Run]) -> tuple[float, float, float]:

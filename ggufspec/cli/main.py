@@ -126,7 +126,8 @@ def read_prompt_file(path: str) -> bytes:
                    "answered with the whole code: where prompt lookup pays).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Your own prompts: text (one per line) or JSONL with `prompt` or `messages`.")
-@click.option("--repeats", type=int, default=1, show_default=True, help="Counted runs per prompt (median reported).")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Counted runs per prompt (median reported; with 2 or more, min-max shows the spread).")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Uncounted runs per configuration.")
 @click.option("--natural-stop", is_flag=True, help="Stop at end-of-generation tokens instead of generating -n tokens.")
 @click.option("--by-suite", is_flag=True, help="A row per mode and suite.")
@@ -159,7 +160,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     """
     from ..bench import benchmark as B
     from ..bench.prompts import load_prompts
-    from ..bench.report import bench_footer, bench_table, to_csv, to_json
+    from ..bench.report import auto_footer, bench_footer, bench_table, to_csv, to_json
 
     load, given, draft_max = split_options(options)
     given = {k: v for k, v in given.items() if k not in ("mode", "ignore_eos")}
@@ -192,7 +193,8 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         click.echo(to_csv(result.rows, [(k, k) for k in result.rows[0]] if result.rows else None), nl=False)
     else:
         click.echo(bench_table(result.rows, grouped=by != "all", wide=wide, as_markdown=as_markdown))
-        footer = bench_footer(result.meta)
+        noise = "\n".join(f"note: {line}" for line in result.meta.get("noise_notes", []))
+        footer = "\n".join(part for part in (bench_footer(result.meta), auto_footer(result.rows), noise) if part)
         if footer:
             click.echo("\n" + footer)
     if plot:

@@ -313,3 +313,95 @@ def test_auto_weighs_a_dflash_block_by_its_cost_per_draft_and_caps_it(block_seco
         assert draft.source == "dflash" and draft.tokens == [4, 5, 6]  # capped at the block's 3
     else:
         assert draft.source != "dflash"
+# -- the guard: what the rounds deliver, whatever the table predicts ---------------------------------------------
+
+STEP = 0.040  # a target step on the fake clock
+
+
+def _timed_rounds(monkeypatch, costs: dict, n_tokens: int = 240, moved: dict | None = None, at: int = 0):
+    """Auto on a fake pair whose decodes cost, on a clock only they move, costs["fixed"] + costs["row"] per row
+    (the target) and costs["draft"] per call (the draft), planning with a cost table that says verifying is
+    nearly free and the draft is cheap; after `at` timed rounds the costs become `moved`. Returns auto's greedy
+    text, plain decoding's, and auto's timed rounds."""
+    import numpy as np
+    from fake import FakeTarget, on_clock
+
+    from ggufspec.drafters import ModelDrafter
+    from ggufspec.sampling import SamplingParams
+    from ggufspec.speculative import prefill, rounds
+
+    clock = on_clock(monkeypatch)
+    target = FakeTarget(seed=1, clock=clock, seconds=lambda n: costs["fixed"] + costs["row"] * n)
+    draft = target.like(7, 0.0, clock=clock, seconds=lambda n: costs["draft"])  # the same model: always right
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+    table = gpu_like()
+    auto = AutoDrafter(Verification.of(table, False), table, lookup=LookupDrafter(), model=ModelDrafter(draft))
+    texts, timed = [], []
+    for drafter in (None, auto):
+        logits, _ = prefill(target, prompt)
+        if drafter is not None:
+            drafter.reset(prompt)
+        out = []
+        for r in rounds(target, drafter, prompt, logits, SamplingParams(), np.random.default_rng(0),
+                        max_tokens=n_tokens, draft_max=4 if drafter else 0):
+            out += r.tokens
+            if drafter is not None and r.target_seconds:
+                timed.append(r)
+                if moved and len(timed) == at:
+                    costs.update(moved)
+        texts.append(out)
+    return texts[1], texts[0], timed
+
+
+def _rate(rs):
+    return sum(len(r.tokens) for r in rs) / sum(r.seconds for r in rs)
+
+
+def test_a_source_the_table_says_pays_is_dropped_within_a_few_rounds_where_its_rounds_lose(monkeypatch):
+    """The table says a verify batch is nearly free and a draft step 0.15 of a target step; here each verified
+    row costs a whole step and so does a draft step. The draft model is always right, so the table's estimates
+    never learn that it loses (its cost scales move alike): only what the rounds deliver shows it."""
+    out, plain, timed = _timed_rounds(monkeypatch, {"fixed": 0.0, "row": STEP, "draft": STEP})
+    assert out == plain
+    sources = [r.source for r in timed]
+    assert sources[:3] == ["draft"] * 3  # the table's choice, until the rounds are judged
+    assert "draft" not in sources[4:12]  # a plain round timed beside them, then the draft is paused
+    assert sources.count("draft") < len(sources) / 4  # retried later with back-off, losing again
+    # 0.82x of plain decoding over these 240 tokens (first rounds and retries lose), against 0.53x drafting every round
+    assert _rate(timed) > 0.8 / STEP
+
+
+def test_a_paused_source_that_pays_again_is_taken_back(monkeypatch):
+    """The same pair, until the host's costs move (a busy GPU freed): then the draft pays and auto drafts again."""
+    out, plain, timed = _timed_rounds(monkeypatch, {"fixed": 0.0, "row": STEP, "draft": STEP}, n_tokens=400,
+                                      moved={"fixed": STEP - 0.001, "row": 0.001, "draft": 0.004}, at=40)
+    assert out == plain
+    sources = [r.source for r in timed]
+    assert sources[:40].count("draft") < 12
+    assert sources[-20:].count("draft") >= 15
+
+
+def _replay(drafter, prompt, answer, draft_max):
+    """Rounds of a drafter against a known greedy answer (the target's text): (rounds, accepted drafts)."""
+    history, pos, rounds, accepted = list(prompt) + answer[:1], 1, 0, 0
+    while pos < len(answer):
+        tokens = drafter.match(history, min(draft_max, len(answer) - pos - 1))[0]
+        n = next((i for i, (a, b) in enumerate(zip(tokens, answer[pos:])) if a != b), len(tokens))
+        history += answer[pos:pos + n + 1]
+        pos, rounds, accepted = pos + n + 1, rounds + 1, accepted + n
+    return rounds, accepted
+
+
+def test_lookup_resumes_a_copy_right_after_a_renamed_token():
+    """An edit that renames a word copies the prompt but that token: the copy goes on right after it (one round
+    per rename), where a lookup of the last n-gram waits until two tokens past the rename agree again."""
+    import numpy as np
+
+    block = [int(t) for t in np.random.default_rng(3).permutation(np.arange(10, 90))[:60]]  # code: distinct tokens
+    old = block[5]
+    block[25] = block[45] = old  # the name occurs three times
+    prompt = [1, 2] + block + [3]
+    answer = [99 if t == old else t for t in block]  # renamed: 99 wherever `old` was
+    assert _replay(LookupDrafter(), prompt, answer, 16) == (9, 50)  # was (13, 46): two more rounds at each later rename
+    # the agreement counts the copy on both sides of the renamed token (4 + 19; was 4): auto reads a long copy
+    assert LookupDrafter().match(prompt + answer[:30], 4) == (block[30:34], 23)

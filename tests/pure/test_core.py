@@ -3,7 +3,7 @@ no llama.cpp, milliseconds a test. What needs llama.cpp itself is tested on tiny
 
 import numpy as np
 import pytest
-from fake import FakeTarget
+from fake import FakeTarget, on_clock
 from stats import chi2, chi2_critical
 
 from ggufspec.auto import AutoDrafter
@@ -193,7 +193,14 @@ def _auto(costs, target, closeness=0.0):
     return AutoDrafter(Verification.of(costs), costs, lookup=LookupDrafter(), model=model)
 
 
-def test_auto_drafts_with_the_model_where_verification_is_cheap_and_never_where_it_cannot_pay():
+@pytest.fixture
+def untimed(monkeypatch):
+    """Rounds on a clock that nothing moves: the cost table alone decides (auto's guard judges timed rounds only,
+    and Python's speed on a numpy table is nothing to judge)."""
+    on_clock(monkeypatch)
+
+
+def test_auto_drafts_with_the_model_where_verification_is_cheap_and_never_where_it_cannot_pay(untimed):
     target = FakeTarget(seed=1)
     ref, _ = generate(target, n=80)
     cheap = Costs([0.040 + 0.001 * i for i in range(9)], 1, 0.004)  # a GPU: a verify batch is nearly free
@@ -208,7 +215,7 @@ def test_auto_drafts_with_the_model_where_verification_is_cheap_and_never_where_
 SAWTOOTH = [0.092, 0.118, 0.198, 0.164, 0.250, 0.221, 0.310, 0.268, 0.356]
 
 
-def test_auto_drafts_with_the_model_as_far_as_the_costs_say_and_no_further_than_a_cap():
+def test_auto_drafts_with_the_model_as_far_as_the_costs_say_and_no_further_than_a_cap(untimed):
     target = FakeTarget(seed=1)
     ref, _ = generate(target, n=120)
     costs = Costs(SAWTOOTH, 9, 0.019)
