@@ -203,3 +203,24 @@ def _clear_orphans(spec: ModelSpec) -> None:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def cached_ggufs() -> list[tuple[str, Path]]:
+    """Every GGUF in the Hub cache as ("owner/name/file", path): each snapshot's files, newest snapshot first where
+    two hold the same file (read from the cache's folders: no network, no lock)."""
+    found: dict[str, Path] = {}
+    snapshots = sorted(hub_cache_dir().glob("models--*/snapshots/*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for snapshot in snapshots:
+        repo = snapshot.parent.parent.name.removeprefix("models--").replace("--", "/")
+        for path in sorted(snapshot.rglob("*.gguf")):
+            if path.is_file():  # a link to a blob not (or not yet) there is no file
+                found.setdefault(f"{repo}/{path.relative_to(snapshot).as_posix()}", path)
+    return sorted(found.items())
+
+
+def cached_hub_file(text: str) -> Path | None:
+    """The Hub cache's copy of "owner/name/file.gguf" (a repository and a file in it), or None."""
+    parts = text.split("/")
+    if len(parts) < 3:
+        return None
+    return dict(cached_ggufs()).get("/".join(parts))
