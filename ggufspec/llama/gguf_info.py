@@ -311,10 +311,13 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
         n_expert_used=arch_int("expert_used_count"),
         n_nextn=_nextn_blocks(arch_int("block_count"), arch_int("nextn_predict_layers"), tensors),
         kv_layers=kv_layers,
-        target_layers=tuple(int(i) for i in layer_ids) if isinstance(layer_ids := fields.get(f"{arch}.target_layers"),
-                                                                       list) else (),
+        target_layers=_target_layers(fields.get(f"{arch}.target_layers")),
         keeps_state=_keeps_state(fields, arch, kv_layers, arch_int("block_count")),
     )
+
+
+def _target_layers(value) -> tuple[int, ...]:
+    return tuple(int(i) for i in value) if isinstance(value, list) else ()
 
 
 # Keys only recurrent layers have: Mamba's SSM, LFM2's short convolution, RWKV's WKV (llama.cpp's llm_kv names).
