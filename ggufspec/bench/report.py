@@ -285,16 +285,24 @@ def tune_text(result, saved: Path | None = None) -> str:
 
 
 def models_text(out: dict) -> str:
+    unchecked = " (unchecked)"  # an entry written from its publisher's names, never fetched to verify
     pairs = [dict(r, name=r["name"] + (" (default)" if r["default"] else ""),
-                  status="ready" if r["ready"] else "not downloaded") for r in out["pairs"]]
-    models = [dict(r, where=f"{mib(r['size_bytes'])} at {r['path']}" if r["path"] else
-                   "offline mirror" if r["mirror"] else "Hub") for r in out["models"]]
-    return "\n".join([
+                  draft=r["draft"] or ("its MTP layers" if r["mode"] == "mtp" else f"none ({r['mode']})"),
+                  status=("ready" if r["ready"] else "not downloaded") + ("" if r["checked"] else unchecked))
+             for r in out["pairs"]]
+    models = [dict(r, where=(f"{mib(r['size_bytes'])} at {r['path']}" if r["path"] else
+                             "offline mirror" if r["mirror"] else "Hub") + ("" if r["checked"] else unchecked))
+              for r in out["models"]]
+    lines = [
         table(pairs, [("name", "pair"), ("target", "target"), ("draft", "draft"), ("status", "status"),
                       ("draft_max", "draft-max"), ("note", "note")]), "",
         table(models, [("name", "model"), ("quant", "quant"), ("n_layers", "layers"), ("n_params_b", "params (B)"),
-                       ("repo", "Hub repository"), ("where", "on this machine")]), "",
-        f"models directory: {out['models_dir']}   registries: {', '.join(out['registries'])}"])
+                       ("repo", "Hub repository"), ("where", "on this machine")]), ""]
+    if not all(r["checked"] for r in out["models"]):
+        lines.append("unchecked: repository, file and size as their publishers name them, not verified against the Hub "
+                     "(checked = false in models.toml)")
+    lines.append(f"models directory: {out['models_dir']}   registries: {', '.join(out['registries'])}")
+    return "\n".join(lines)
 
 
 def doctor_text(r: dict) -> str:

@@ -78,7 +78,8 @@ def draft_problem() -> dict | None:
     try:
         reg = load_registry()
         pair = reg.pairs.get(reg.default_pair or "")
-        if pair is None or local_path(reg.model(pair.target)) is None or local_path(reg.model(pair.draft)) is not None:
+        if pair is None or pair.draft is None or local_path(reg.model(pair.target)) is None \
+                or local_path(reg.model(pair.draft)) is not None:
             return None
     except GGUFSpecError:  # a registry that does not load says so where it is read
         return None

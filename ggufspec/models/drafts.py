@@ -248,14 +248,15 @@ def _not_downloaded(reg, name: str | None, target, known: dict, target_bytes: in
     """Registry models not on this machine that could draft for the target: its pairs' drafts, and models whose
     vocabulary size (models.toml's shape) fits and that are smaller; checked once downloaded."""
     here = set(known.values())
-    paired = {p.draft: p.name for p in reg.pairs.values() if name and p.target == name and p.draft != name}
+    paired = {p.draft: p.name for p in reg.pairs.values() if name and p.draft and p.target == name and p.draft != name}
     out = []
     for model, spec in reg.models.items():
         n_vocab = spec.shape.get("n_vocab")
         fits = n_vocab is not None and abs(n_vocab - target.n_vocab) <= 128 and (spec.size or 0) < target.file_size
         if model in here or model == name or not (model in paired or fits):
             continue
-        why = f"pair {paired[model]}" if model in paired else "its vocabulary size fits (models.toml)"
+        why = (f"pair {paired[model]}" if model in paired else "its models.toml vocabulary size fits") \
+            + ("" if spec.checked else "; an unchecked entry")
         c = Candidate(model, "draft", "registry", None, f"not downloaded ({why}): `ggufspec models pull {model}`",
                       size_bytes=spec.size, quant=spec.quant or None)
         if spec.size:

@@ -127,6 +127,11 @@ def ensure_model(spec: ModelSpec, *, offline: bool = False, endpoint: str | None
     return download(spec, endpoint=endpoint, progress=progress)
 
 
+def _unchecked(spec: ModelSpec) -> str:
+    return ("" if spec.checked else f" (the entry {spec.name} is unchecked: written from its publisher's names, never "
+            "verified; set repo and file in your own models.toml)")
+
+
 def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = True) -> Path:
     """hf_hub_download into the Hub cache (a dropped connection is resumed within the run; atomic: an
     interrupted download never looks complete)."""
@@ -149,7 +154,7 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
     except GatedRepoError:
         raise GGUFSpecError(f"{where}: the repository is gated; accept its licence on the Hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:
-        raise GGUFSpecError(f"{where}: repository not found (or private: set HF_TOKEN)") from None
+        raise GGUFSpecError(f"{where}: repository not found (or private: set HF_TOKEN){_unchecked(spec)}") from None
     except RevisionNotFoundError:
         raise GGUFSpecError(f"{where}: revision {spec.revision!r} not found") from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: first
@@ -157,7 +162,7 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
         raise GGUFSpecError(f"{where}: the Hub ({hub}) cannot be reached and the file is not cached; "
                             "check the network or HF_ENDPOINT, or use --offline with a local copy") from None
     except EntryNotFoundError:
-        raise GGUFSpecError(f"{where}: no such file in the repository; check `file` in models.toml") from None
+        raise GGUFSpecError(f"{where}: no such file in the repository; check `file` in models.toml{_unchecked(spec)}") from None
     except HfHubHTTPError as e:
         raise GGUFSpecError(f"{where}: download failed ({_first_line(e)}); {again}") from None
     except OSError as e:  # connection reset, disk full...
