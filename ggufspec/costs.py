@@ -35,6 +35,17 @@ def expected_tokens(alpha: float, n_draft: int) -> float:
     return float(n_draft + 1) if alpha >= 1.0 else (1.0 - alpha ** (n_draft + 1)) / (1.0 - alpha)
 
 
+def predicted_speedup(alpha: float, draft_max: int, cost_ratio: float) -> float:
+    """Leviathan et al. (2023), eq. 1: expected tokens per round over the round's cost in target
+    steps, a verify batch costing one step (the paper's assumption); cost_ratio: a draft step over a target step."""
+    return expected_tokens(alpha, draft_max) / (draft_max * cost_ratio + 1)
+
+
+def best_predicted(alpha: float, cost_ratio: float, draft_max: int = 8) -> tuple[float, int]:
+    """(speed-up, draft length) of the best length up to draft_max by `predicted_speedup`."""
+    return best_rate([(predicted_speedup(alpha, n, cost_ratio), n) for n in range(1, draft_max + 1)])
+
+
 def best_rate(rates: list[tuple[float, int]]) -> tuple[float, int]:
     """The (rate, length) pair with the highest rate; among equal rates the shortest length."""
     return max(rates, key=lambda r: (round(r[0], 9), -r[1]))

@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 """Install ggufspec (editable) with a llama-cpp-python build that works on this machine.
 
-    python scripts/install.py            # the package
+    python scripts/install.py            # the package, for the GPU backend this machine can build and run
     python scripts/install.py test       # with the test extras (also: plot, or test,plot)
-    CMAKE_ARGS="-DGGML_CUDA=on" python scripts/install.py     # CUDA (likewise -DGGML_METAL=on, -DGGML_HIP=on)
+    python scripts/install.py --print    # the build it would run (backend, CMAKE_ARGS, pip), nothing run
+    python scripts/install.py --cpu      # the CPU backend whatever is found
+    CMAKE_ARGS="-DGGML_CUDA=on" python scripts/install.py     # your own flags: no backend is chosen for you
     python scripts/install.py --vulkan   # Vulkan (any GPU with a Vulkan driver; see docs/install.md)
     python scripts/install.py --vulkan --apt   # ... and first apt-get the Debian/Ubuntu packages it needs
+
+Without CMAKE_ARGS the backend is picked from what is found here (`choose_backend`): CUDA where nvcc (on PATH,
+in $CUDA_HOME or /usr/local/cuda) and an NVIDIA driver are, ROCm/HIP where hipcc and /dev/kfd are, Metal on
+Apple silicon, Vulkan where the loader, its headers, glslc and glslangValidator and a GPU (/dev/dri/renderD*)
+are, else the CPU; one line says which, why, and how to choose otherwise. A toolkit without a driver
+(a CUDA image on a machine with no GPU) builds for the CPU: a GPU build there would not load.
 
 --vulkan needs the Vulkan loader, glslc and Vulkan headers of 1.3.287 or later (llama.cpp's ggml-vulkan.cpp
 does not compile against older Vulkan-Hpp headers, such as Debian 12's 1.3.239). Where the system's are
@@ -25,8 +33,10 @@ the build is checked afterwards and rebuilt without the cache if it is not the o
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import importlib.util
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -39,6 +49,71 @@ ROOT = Path(__file__).resolve().parent.parent
 VULKAN_APT = ("libvulkan-dev", "glslc", "glslang-tools", "spirv-headers", "mesa-vulkan-drivers")
 VULKAN_HEADERS_MIN = 287  # VK_HEADER_VERSION ggml-vulkan.cpp needs (it uses vk::LayerSettingEXT)
 VULKAN_HEADERS_SUITE = "trixie"  # Debian 13: libvulkan-dev 1.4.309
+
+
+class Backend:
+    """The llama.cpp backend a build is for: its name, its CMAKE_ARGS, and why it was picked."""
+
+    def __init__(self, name: str, cmake: str, why: str):
+        self.name, self.cmake, self.why = name, cmake, why
+
+    def line(self) -> str:
+        example = "-DGGML_CUDA=on" if self.name == "Vulkan" else "-DGGML_VULKAN=on"
+        other = (f'--cpu for the CPU, or CMAKE_ARGS for another backend (e.g. CMAKE_ARGS="{example}")'
+                 if self.name != "CPU" else 'CMAKE_ARGS="-DGGML_CUDA=on" (or -DGGML_HIP=on, -DGGML_METAL=on) or --vulkan')
+        name = "the CPU" if self.name == "CPU" else self.name
+        return f"install.py: building llama.cpp for {name}: {self.why}; to choose otherwise use {other}"
+
+
+def found_here(path: str | None = None, *, cuda_roots=None, rocm_roots=("/opt/rocm",), dev: Path = Path("/dev"),
+               find_library=ctypes.util.find_library, include: Path | None = None, system: str | None = None,
+               machine: str | None = None) -> dict:
+    """What decides the backend, looked up here: the tools on `path` (default: $PATH) or in the toolkits' usual
+    folders, the GPU drivers' devices under `dev`, the Vulkan loader and headers, the platform."""
+    def which(name: str, roots=()) -> str | None:
+        return shutil.which(name, path=path) or next(
+            (str(Path(r) / "bin" / name) for r in roots if r and os.access(Path(r) / "bin" / name, os.X_OK)), None)
+
+    if cuda_roots is None:
+        cuda_roots = (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")
+    render = dev / "dri"
+    return {
+        "system": system or sys.platform, "machine": machine or platform.machine(),
+        "nvcc": which("nvcc", cuda_roots),
+        "nvidia_driver": bool(find_library("cuda")) or (dev / "nvidia0").exists() or any(
+            (Path(d) / "libcuda.so.1").exists() for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d),
+        "hipcc": which("hipcc", rocm_roots), "amd_driver": (dev / "kfd").exists(),
+        "glslc": which("glslc"), "glslang": which("glslangValidator"),
+        "vulkan_loader": bool(find_library("vulkan")),
+        "vulkan_headers": header_version(include or Path(os.environ.get("VULKAN_SDK", "/usr")) / "include"),
+        "render_node": render.is_dir() and any(render.glob("renderD*")),
+    }
+
+
+def choose_backend(found: dict, *, vulkan: bool = False, cpu: bool = False) -> Backend:
+    """The backend to build for, from what `found_here` found (a pure function of it): CUDA, ROCm/HIP, Metal,
+    Vulkan, else the CPU; vulkan / cpu: what --vulkan / --cpu ask for."""
+    if cpu:
+        return Backend("CPU", "", "--cpu was given")
+    if vulkan:
+        return Backend("Vulkan", "-DGGML_VULKAN=on", "--vulkan was given")
+    if found["nvcc"] and found["nvidia_driver"]:
+        return Backend("CUDA", "-DGGML_CUDA=on", f"nvcc found at {found['nvcc']}, and an NVIDIA driver")
+    if found["hipcc"] and found["amd_driver"]:
+        return Backend("ROCm/HIP", "-DGGML_HIP=on", f"hipcc found at {found['hipcc']}, and an AMD GPU (/dev/kfd)")
+    if found["system"] == "darwin" and found["machine"] == "arm64":
+        return Backend("Metal", "-DGGML_METAL=on", "this is Apple silicon")
+    vulkan_parts = [found["vulkan_loader"], found["vulkan_headers"], found["glslc"], found["glslang"]]
+    if all(vulkan_parts) and found["render_node"]:
+        return Backend("Vulkan", "-DGGML_VULKAN=on",
+                       f"the Vulkan loader, headers (1.3.{found['vulkan_headers']}), glslc and a GPU (/dev/dri) were found")
+    seen = [f"{tool} at {found[tool]} but no {driver}" for tool, driver in
+            (("nvcc", "NVIDIA driver (libcuda): a CUDA build would not load here"), ("hipcc", "AMD GPU (/dev/kfd)"))
+            if found[tool]]
+    if all(vulkan_parts) and not found["render_node"]:
+        seen.append("Vulkan's loader, headers and glslc but no GPU (/dev/dri/renderD*)")
+    why = "found " + "; ".join(seen) if seen else "no nvcc, hipcc, Apple silicon or Vulkan loader+headers+glslc found"
+    return Backend("CPU", "", why)
 
 
 def _system():
@@ -114,17 +189,16 @@ def fetch_vulkan_headers(cache: Path) -> Path:
     return include
 
 
-def vulkan_args(apt: bool) -> str:
-    """CMAKE_ARGS for llama.cpp's Vulkan backend on this machine, after checking (or, with apt, installing) what it needs."""
-    import ctypes.util
-
+def vulkan_args(apt: bool, dry: bool = False) -> str:
+    """CMAKE_ARGS for llama.cpp's Vulkan backend on this machine, after checking (or, with apt, installing) what it
+    needs. dry: what it would install and fetch is said, not done."""
     missing = [p for p, ok in [("glslc", shutil.which("glslc")), ("libvulkan-dev", ctypes.util.find_library("vulkan")),
                                ("glslang-tools", shutil.which("glslangValidator"))] if not ok]
     if missing and apt and shutil.which("apt-get"):
-        print(f"+ apt-get install {' '.join(VULKAN_APT)}", file=sys.stderr)
+        print(f"+ apt-get install {' '.join(VULKAN_APT)}" + (" (not run: --print)" if dry else ""), file=sys.stderr)
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *VULKAN_APT]
-        if subprocess.run(install, stdout=subprocess.DEVNULL, env=env).returncode != 0:  # stale package lists
+        if not dry and subprocess.run(install, stdout=subprocess.DEVNULL, env=env).returncode != 0:  # stale lists
             subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL, env=env)
             subprocess.run(install, check=True, stdout=subprocess.DEVNULL, env=env)
     elif missing:
@@ -137,8 +211,34 @@ def vulkan_args(apt: bool) -> str:
     if not shutil.which("apt-get"):
         sys.exit(f"install.py: the Vulkan headers in {system_headers} are older than 1.3.{VULKAN_HEADERS_MIN}, which "
                  "llama.cpp's Vulkan backend needs; install a newer Vulkan SDK and set VULKAN_SDK")
-    include = fetch_vulkan_headers(Path.home() / ".cache" / "ggufspec" / "vulkan-headers")
+    cache = Path.home() / ".cache" / "ggufspec" / "vulkan-headers"
+    include = cache / "root" / "usr" / "include"
+    if dry and header_version(include) < VULKAN_HEADERS_MIN:
+        print(f"(Debian {VULKAN_HEADERS_SUITE}'s libvulkan-dev headers would be fetched into {cache})", file=sys.stderr)
+    elif not dry:
+        include = fetch_vulkan_headers(cache)
     return f"-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR={include}"
+
+
+def build_args(user: str, a: argparse.Namespace) -> str:
+    """The user's CMAKE_ARGS as given (with --vulkan's own flags where it asks for them), or the chosen backend's;
+    says which in one line."""
+    if user.strip():
+        print("install.py: CMAKE_ARGS is set, so it is used as given (no backend chosen; only -DGGML_RPC=ON and the "
+              "AMX flags below are added where absent); unset it to let install.py choose", file=sys.stderr)
+        return f"{user} {vulkan_args(a.apt, a.dry)}" if a.vulkan and "GGML_VULKAN" not in user else user
+    backend = choose_backend(found_here(), vulkan=a.vulkan, cpu=a.cpu)
+    print(backend.line(), file=sys.stderr)
+    return vulkan_args(a.apt, a.dry) if backend.name == "Vulkan" else backend.cmake
+
+
+# A backend asked for in CMAKE_ARGS, and the build feature that shows it was built (`ggufspec doctor`'s names).
+BACKEND_FLAGS = {"CUDA": "CUDA", "HIP": "HIP", "METAL": "METAL", "VULKAN": "VULKAN"}
+
+
+def asked_backends(args: str) -> list[str]:
+    return [feature for flag, feature in BACKEND_FLAGS.items()
+            if re.search(rf"-DGGML_{flag}=(on|ON|On|1|true|TRUE|yes|YES)\b", args)]
 
 
 def main(argv: list[str]) -> int:
@@ -146,21 +246,26 @@ def main(argv: list[str]) -> int:
     ap.add_argument("extras", nargs="?", default="", help="pip extras: test, plot, or test,plot")
     ap.add_argument("--vulkan", action="store_true", help="build llama.cpp's Vulkan backend")
     ap.add_argument("--apt", action="store_true", help="with --vulkan: apt-get the packages it needs")
+    ap.add_argument("--cpu", action="store_true", help="build for the CPU alone, whatever GPU tools are found")
+    ap.add_argument("--print", dest="dry", action="store_true", help="show the build it would run, and run nothing")
     a = ap.parse_args(argv)
+    if a.cpu and a.vulkan:
+        ap.error("--cpu and --vulkan ask for different backends: give one")
     extras = a.extras
     system = _system()
-    user = os.environ.get("CMAKE_ARGS", "")
-    if a.vulkan and "GGML_VULKAN" not in user:
-        user = f"{user} {vulkan_args(a.apt)}"
-    args, amx_off = cmake_args(user, system.NO_AMX_FLAGS)
+    args, amx_off = cmake_args(build_args(os.environ.get("CMAKE_ARGS", ""), a), system.NO_AMX_FLAGS)
     env = dict(os.environ, CMAKE_ARGS=args)
+    target = f"{ROOT}[{extras}]" if extras else str(ROOT)
+    if a.dry:
+        print(f'CMAKE_ARGS="{args}" {shlex.quote(sys.executable)} -m pip install -e {shlex.quote(target)}')
+        return 0
     print(f"CMAKE_ARGS={args}", file=sys.stderr)
-    pip("install", "-e", f"{ROOT}[{extras}]" if extras else str(ROOT), env=env)
+    pip("install", "-e", target, env=env)
     features = built_features()
     wrong = [why for bad, why in [(amx_off and "AMX_INT8" in features, "it has AMX kernels"),
-                                  ("GGML_RPC=ON" in args and "RPC" not in features, "it lacks the RPC backend"),
-                                  ("GGML_VULKAN=on" in args and "VULKAN" not in features, "it lacks the Vulkan backend")]
+                                  ("GGML_RPC=ON" in args and "RPC" not in features, "it lacks the RPC backend")]
              if bad]
+    wrong += [f"it lacks the {name} backend" for name in asked_backends(args) if name not in features]
     if wrong:
         # A wheel cached from an earlier build with other flags: build this one afresh.
         version = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],

@@ -17,7 +17,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from ggufspec.bench.rows import predicted_speedup
+from ggufspec.costs import predicted_speedup
 from ggufspec.bench.prompts import load_prompts_file, load_suite
 from ggufspec.cli.main import cli
 

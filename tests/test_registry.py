@@ -1,5 +1,6 @@
 """models.toml parsing, overrides and name resolution."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -124,15 +125,80 @@ def test_models_list_shows_every_seed_pair():
     for name in SEED_PAIRS + ["qwen2.5-coder-1.5b-q8_0 (default)", "qwen2.5-coder-1.5b "]:
         assert name in r.output
     r = CliRunner().invoke(cli, ["models", "list", "--json"])
-    import json
-
     data = json.loads(r.stdout)
     assert {p["name"] for p in data["pairs"]} >= set(SEED_PAIRS)
 
 
-def test_models_info_and_check(tiny):
-    import json
+PAIRS_OF_2026 = ["qwen3-8b", "qwen3-14b", "qwen3-32b", "llama-3.3-70b-instruct", "gemma-3-27b-it", "gemma-3-27b-it-270m",
+                 "qwen2.5-7b-instruct", "qwen2.5-14b-instruct", "qwen2.5-32b-instruct", "qwen3.6-27b-mtp",
+                 "qwen3.6-35b-a3b-mtp"]
 
+
+def test_every_shipped_entry_parses_and_names_its_file():
+    """Each model: an owner/name repository, a .gguf file whose name carries the quantisation; unchecked
+    entries claim no checksum; each pair's models are entries; the pairs of 2026 are there."""
+    reg = load_registry()
+    for spec in reg.models.values():
+        assert spec.repo.count("/") == 1 and all(spec.repo.split("/")), spec.name
+        assert spec.file.endswith(".gguf") and spec.quant and spec.quant.lower() in spec.file.lower(), spec.name
+        assert spec.checked or spec.sha256 is None, spec.name  # a checksum nobody computed would be a lie
+    for pair in reg.pairs.values():
+        assert {m.name for m in reg.models_of(pair.name)} == {pair.target, pair.draft} - {None}
+    assert set(PAIRS_OF_2026) <= set(reg.pairs) and reg.default_pair == "qwen2.5-coder-1.5b-q8_0"
+    padded = reg.pair("qwen2.5-7b-instruct")
+    assert (reg.model(padded.target).shape["n_vocab"], reg.model(padded.draft).shape["n_vocab"]) == (152064, 151936)
+    for name in ("qwen3.6-27b-mtp", "qwen3.6-35b-a3b-mtp"):
+        assert reg.pair(name).draft is None and reg.pair(name).settings["mode"] == "mtp"
+    assert not any(reg.model(reg.pair(p).target).checked for p in PAIRS_OF_2026)  # written without the Hub
+
+
+def test_models_list_marks_unchecked_entries(tmp_path):
+    reg = tmp_path / "mine.toml"
+    reg.write_text('[models.sure]\nrepo = "me/sure"\nfile = "sure-q8_0.gguf"\n'
+                   '[models.guess]\nrepo = "them/guess"\nfile = "guess-q8_0.gguf"\nchecked = false\n'
+                   '[pairs.guessed]\ntarget = "sure"\ndraft = "guess"\n[pairs.known]\ntarget = "sure"\ndraft = "sure"\n')
+    r = CliRunner().invoke(cli, ["models", "list", "--registry", str(reg)])
+    assert r.exit_code == 0, r.output
+    rows = {}
+    for line in r.stdout.splitlines():  # a name's first row: the pair's where a pair and a model share it
+        rows.setdefault(line.split(" ")[0], line)
+    assert rows["guess"].endswith("Hub (unchecked)") and "unchecked" not in rows["sure"]
+    assert "not downloaded (unchecked)" in rows["guessed"] and "unchecked" not in rows["known"]
+    assert "unchecked: repository, file and size as their publishers name them" in r.stdout
+    assert "qwen3.6-27b-mtp" in rows and "its MTP layers" in rows["qwen3.6-27b-mtp"]
+    data = json.loads(CliRunner().invoke(cli, ["models", "list", "--registry", str(reg), "--json"]).stdout)
+    assert {m["name"]: m["checked"] for m in data["models"]}.items() >= {"sure": True, "guess": False}.items()
+    reg.write_text('[models.x]\nrepo = "a/x"\nfile = "x.gguf"\nchecked = "no"\n')
+    bad = CliRunner().invoke(cli, ["models", "list", "--registry", str(reg)])
+    assert bad.exit_code == 1 and "[models.x] `checked` should be true or false, not 'no'" in bad.stderr
+
+
+def test_models_check_of_a_pair_not_downloaded_says_so_in_one_line():
+    r = CliRunner().invoke(cli, ["models", "check", "qwen3-8b"])
+    assert r.exit_code == 1 and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+    assert r.stderr.strip() == ("Error: qwen3-8b: not on this machine (Qwen/Qwen3-8B-GGUF, Qwen3-8B-Q4_K_M.gguf); "
+                                "`ggufspec models pull qwen3-8b` downloads it (an unchecked entry: repository and file "
+                                "as published, not verified)")
+
+
+def test_a_pair_without_a_draft_drafts_with_the_targets_mtp_layers(tmp_path):
+    from tiny_mtp import write_tiny_glm4moe_mtp
+
+    mtp, plain = write_tiny_glm4moe_mtp(tmp_path / "mtp.gguf"), write_tiny_glm4moe_mtp(tmp_path / "plain.gguf", nextn=False)
+    reg = tmp_path / "mine.toml"
+    reg.write_text(f'[pairs.self]\ntarget = "{mtp}"\nmode = "mtp"\n[pairs.none]\ntarget = "{plain}"\nmode = "mtp"\n')
+    ok = CliRunner().invoke(cli, ["models", "check", "self", "--registry", str(reg)])
+    assert ok.exit_code == 0 and ok.stdout.strip() == "mtp.gguf carries 1 MTP layer of its own to draft with (--mode mtp)"
+    bad = CliRunner().invoke(cli, ["models", "check", "none", "--registry", str(reg)])
+    assert bad.exit_code == 1 and "plain.gguf: this model has no MTP (NextN) layers" in bad.stderr
+    for mode in ("", 'mode = "draft"\n'):
+        reg.write_text(f'[pairs.lost]\ntarget = "{mtp}"\n{mode}')
+        r = CliRunner().invoke(cli, ["models", "list", "--registry", str(reg)])
+        assert r.exit_code == 1 and "[pairs.lost] lacks `draft` (a pair without one drafts with the target's own MTP " \
+            "layers: set mode = \"mtp\")" in r.stderr
+
+
+def test_models_info_and_check(tiny):
     r = CliRunner().invoke(cli, ["models", "info", str(tiny["target"]), "--json"])
     info = json.loads(r.stdout)
     assert (info["architecture"], info["n_layers"], info["n_vocab"], info["has_chat_template"]) == ("llama", 2, 354, True)

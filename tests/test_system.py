@@ -62,7 +62,7 @@ def test_cpu_model_and_flags_from_cpuinfo():
 
 
 def test_gpu_present_with_a_cpu_only_build():
-    assert system.gpu_problem(features(NO_AMX), gpu_visible=True)["fix"].startswith('CMAKE_ARGS="-DGGML_CUDA=on"')
+    assert system.gpu_problem(features(NO_AMX), gpu_visible=True)["fix"].startswith("python scripts/install.py")
     assert system.gpu_problem(features(CUDA), gpu_visible=True) is None
     assert system.gpu_problem(features(NO_AMX), gpu_visible=False) is None
 

@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import statistics
 
-from ..core import DRAFTING_MODES, Stats
-from ..costs import expected_tokens
+from ..core import DRAFTING_MODES, MTP_MODES, Stats
+from ..costs import predicted_speedup
 from ..engine import Engine
 from ..sampling import top2_gap
 from .runs import BenchSettings, Run, prompt_tokens
-
-
-def predicted_speedup(alpha: float, draft_max: int, cost_ratio: float) -> float:
-    """Leviathan et al. (2023), eq. 1: expected tokens per round over the round's cost in target
-    steps, a verify batch costing one step (the paper's assumption)."""
-    return expected_tokens(alpha, draft_max) / (draft_max * cost_ratio + 1)
 
 
 def divergence_gap(engine: Engine, tokens: list[int], reference: list[int], position: int) -> float:
@@ -84,7 +78,8 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
                     if row["divergence"] is None:
                         row["divergence"] = {"prompt": r.prompt.label, "token": pos}
         if alpha is not None and config.draft_max and costs is not None and config.mode != "auto":
-            draft_cost = (costs.draft_token_seconds if config.mode == "draft" else 0.0) or 0.0
+            draft_cost = (costs.draft_token_seconds if config.mode == "draft" else
+                          costs.mtp_token_seconds if config.mode in MTP_MODES else 0.0) or 0.0
             row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, draft_cost / costs.target_token_seconds)
             # the same expectation with the verify batch's measured cost instead of one step's
             row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, verification.batch_limit())

@@ -71,6 +71,25 @@ def device_problems(features: list[str], found: list[dict]) -> list[dict]:
     return []
 
 
+def draft_problem() -> dict | None:
+    """The default pair's target is here but its draft is not: where to look for one that is."""
+    from ..errors import GGUFSpecError
+    from ..models.hub import local_path
+    from ..models.registry import load_registry
+
+    try:
+        reg = load_registry()
+        pair = reg.pairs.get(reg.default_pair or "")
+        if pair is None or pair.draft is None or local_path(reg.model(pair.target)) is None \
+                or local_path(reg.model(pair.draft)) is not None:
+            return None
+    except GGUFSpecError:  # a registry that does not load says so where it is read
+        return None
+    return {"problem": f"the default pair {pair.name}'s target is here but its draft {pair.draft} is not",
+            "fix": f"ggufspec drafts {pair.target} (the drafts this machine has for it, ranked), or "
+                   f"ggufspec models pull {pair.draft}"}
+
+
 def problems(features: list[str], cpu_buffer_types: list[str], other_machines: list[dict],
              damaged: list[str] = (), found: list[dict] = ()) -> list[dict]:
     """Every known problem here, with its fix; severity 'error' means ggufspec cannot run well."""
@@ -87,6 +106,9 @@ def problems(features: list[str], cpu_buffer_types: list[str], other_machines: l
         names = "; ".join(m.get("cpu", "?") for m in other_machines)
         out.append({"severity": "warning", "problem": f"the cost cache ({costs_file()}) holds measurements from other "
                     f"machines ({names}); they are never used here", "fix": "none needed; `ggufspec costs` measures this machine"})
+    draft = draft_problem()
+    if draft:
+        out.append({"severity": "warning", **draft})
     cache = cache_problem()
     if cache:
         out.append({"severity": "warning", "problem": cache[0], "fix": cache[1]})

@@ -16,6 +16,7 @@ from ..core import MODES
 from ..errors import GGUFSpecError, exactly_one
 from .guard import stopped_by, terminate_as_interrupt
 from .machine import costs_command, doctor, plan_command, rpc_server, tune_command
+from .drafts import drafts_command
 from .models import models
 from .progress import BenchProgress
 from .options import int_list, json_option, model_options, sampling_options, split_options, user_errors, whole_number
@@ -209,7 +210,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
 
 
 cli.add_command(models)
-for command in (costs_command, plan_command, tune_command, doctor, rpc_server):
+for command in (drafts_command, costs_command, plan_command, tune_command, doctor, rpc_server):
     cli.add_command(command)
 
 

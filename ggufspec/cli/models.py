@@ -75,15 +75,19 @@ def models_info(model, registry, as_json):
 
 @models.command("check")
 @click.argument("target")
-@click.argument("draft")
+@click.argument("draft", required=False)
 @registry_option
 @user_errors
 def models_check(target, draft, registry):
     """Can DRAFT draft for TARGET? The vocabulary checks llama.cpp makes; exit 0 if usable.
 
+    TARGET alone: a pair's name (its target and draft, or the target's MTP layers for a pair without a
+    draft), or a model checked for MTP layers of its own. Reads files on this machine; downloads nothing.
+
     \b
     Example:
       ggufspec models check qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
+      ggufspec models check qwen2.5-coder-1.5b
     """
     from ..models.resolve import check_pair
 

@@ -82,6 +82,7 @@ class GGUFInfo:
     kv_layers: tuple[int, ...] | None = None  # the layers with a KV cache (a hybrid's attention layers); None: all
     keeps_state: bool = False  # recurrent or hybrid: a state that cannot be cut back like a KV cache
     n_nextn: int = 0  # multi-token-prediction (MTP, "NextN") blocks after the trunk, with their tensors
+    target_layers: tuple[int, ...] = ()  # a draft reading a target's hidden states (eagle3, dflash): its layer ids
 
     @property
     def n_trunk(self) -> int:
@@ -310,8 +311,13 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
         n_expert_used=arch_int("expert_used_count"),
         n_nextn=_nextn_blocks(arch_int("block_count"), arch_int("nextn_predict_layers"), tensors),
         kv_layers=kv_layers,
+        target_layers=_target_layers(fields.get(f"{arch}.target_layers")),
         keeps_state=_keeps_state(fields, arch, kv_layers, arch_int("block_count")),
     )
+
+
+def _target_layers(value) -> tuple[int, ...]:
+    return tuple(int(i) for i in value) if isinstance(value, list) else ()
 
 
 # Keys only recurrent layers have: Mamba's SSM, LFM2's short convolution, RWKV's WKV (llama.cpp's llm_kv names).

@@ -121,8 +121,9 @@ def gpu_problem(features: list[str], gpu_visible: bool) -> dict | None:
     """An NVIDIA GPU that this CPU-only build cannot use: {"problem", "fix"}, or None."""
     if gpu_visible and not any(f in features for f in GPU_FEATURES):
         return {"problem": "an NVIDIA GPU is present but this llama-cpp-python build is CPU-only",
-                "fix": 'CMAKE_ARGS="-DGGML_CUDA=on" python scripts/install.py (from a ggufspec checkout), or '
-                       'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python'}
+                "fix": "python scripts/install.py (from a ggufspec checkout: it builds for CUDA where nvcc is found; "
+                       "--print shows the build first), or CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall "
+                       "--no-cache-dir --no-deps llama-cpp-python"}
     return None
 
 

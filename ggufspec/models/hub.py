@@ -127,6 +127,11 @@ def ensure_model(spec: ModelSpec, *, offline: bool = False, endpoint: str | None
     return download(spec, endpoint=endpoint, progress=progress)
 
 
+def _unchecked(spec: ModelSpec) -> str:
+    return ("" if spec.checked else f" (the entry {spec.name} is unchecked: written from its publisher's names, never "
+            "verified; set repo and file in your own models.toml)")
+
+
 def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = True) -> Path:
     """hf_hub_download into the Hub cache (a dropped connection is resumed within the run; atomic: an
     interrupted download never looks complete)."""
@@ -149,7 +154,7 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
     except GatedRepoError:
         raise GGUFSpecError(f"{where}: the repository is gated; accept its licence on the Hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:
-        raise GGUFSpecError(f"{where}: repository not found (or private: set HF_TOKEN)") from None
+        raise GGUFSpecError(f"{where}: repository not found (or private: set HF_TOKEN){_unchecked(spec)}") from None
     except RevisionNotFoundError:
         raise GGUFSpecError(f"{where}: revision {spec.revision!r} not found") from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: first
@@ -157,7 +162,7 @@ def download(spec: ModelSpec, *, endpoint: str | None = None, progress: bool = T
         raise GGUFSpecError(f"{where}: the Hub ({hub}) cannot be reached and the file is not cached; "
                             "check the network or HF_ENDPOINT, or use --offline with a local copy") from None
     except EntryNotFoundError:
-        raise GGUFSpecError(f"{where}: no such file in the repository; check `file` in models.toml") from None
+        raise GGUFSpecError(f"{where}: no such file in the repository; check `file` in models.toml{_unchecked(spec)}") from None
     except HfHubHTTPError as e:
         raise GGUFSpecError(f"{where}: download failed ({_first_line(e)}); {again}") from None
     except OSError as e:  # connection reset, disk full...
@@ -203,3 +208,24 @@ def _clear_orphans(spec: ModelSpec) -> None:
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def cached_ggufs() -> list[tuple[str, Path]]:
+    """Every GGUF in the Hub cache as ("owner/name/file", path): each snapshot's files, newest snapshot first where
+    two hold the same file (read from the cache's folders: no network, no lock)."""
+    found: dict[str, Path] = {}
+    snapshots = sorted(hub_cache_dir().glob("models--*/snapshots/*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for snapshot in snapshots:
+        repo = snapshot.parent.parent.name.removeprefix("models--").replace("--", "/")
+        for path in sorted(snapshot.rglob("*.gguf")):
+            if path.is_file():  # a link to a blob not (or not yet) there is no file
+                found.setdefault(f"{repo}/{path.relative_to(snapshot).as_posix()}", path)
+    return sorted(found.items())
+
+
+def cached_hub_file(text: str) -> Path | None:
+    """The Hub cache's copy of "owner/name/file.gguf" (a repository and a file in it), or None."""
+    parts = text.split("/")
+    if len(parts) < 3:
+        return None
+    return dict(cached_ggufs()).get("/".join(parts))

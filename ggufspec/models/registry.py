@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from ..core import MODEL_MODES
 from ..errors import GGUFSpecError
 from ..generation import GenerationSettings
 from ..paths import user_registry
@@ -73,13 +74,14 @@ class ModelSpec:
     mirror: Mirror | Derived | None = None
     size: int | None = None  # bytes of the GGUF file (for planning before it is downloaded)
     shape: dict = field(default_factory=dict, hash=False)  # n_embd, n_head_kv, head_dim, n_vocab
+    checked: bool = True  # false: repo, file and size written as the publisher names them, never fetched to verify
 
 
 @dataclass(frozen=True)
 class PairSpec:
     name: str
     target: str
-    draft: str
+    draft: str | None  # None: the target drafts for itself (its MTP layers, `mode = "mtp"`)
     note: str = ""
     settings: dict = field(default_factory=dict, hash=False)  # generation defaults: draft_max, temperature, ...
     n_gpu_layers: int | str | None = None
@@ -108,7 +110,7 @@ class Registry:
         """The models a name stands for: a pair's target and draft, or the one model (the one pair expansion)."""
         if name in self.pairs:
             pair = self.pairs[name]
-            return list(dict.fromkeys([self.model(pair.target), self.model(pair.draft)]))
+            return list(dict.fromkeys([self.model(n) for n in (pair.target, pair.draft) if n is not None]))
         return [self.model(name)]
 
 
@@ -142,7 +144,7 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "a table"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "a table", bool: "true or false"}
 
 
 def _typed(d: dict, key: str, kind, where: str, section: str, default=None):
@@ -202,7 +204,8 @@ def _model(name: str, d: dict, where: str) -> ModelSpec:
     return ModelSpec(name, need("repo", str), _safe_filename(need("file", str), name, where),
                      _typed(d, "quant", str, where, section, ""), n_layers,
                      _typed(d, "n_params", (int, float), where, section), _sha256(d, where, section),
-                     _typed(d, "revision", str, where, section), mirror, size or (mirror.size if mirror else None), shape)
+                     _typed(d, "revision", str, where, section), mirror, size or (mirror.size if mirror else None), shape,
+                     _typed(d, "checked", bool, where, section, True))
 
 
 def _layers(d: dict, key: str, where: str, section: str):
@@ -215,7 +218,11 @@ def _layers(d: dict, key: str, where: str, section: str):
 def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
     if not isinstance(d, dict):
         raise GGUFSpecError(f"{where}: pairs.{name} should be a table ([pairs.{name}] with target and draft), not {d!r}")
-    for key in ("target", "draft"):
+    # no draft and no mode: a forgotten draft, likelier than a target meant to draft for itself
+    if "draft" not in d and (d.get("mode") is None or d["mode"] in MODEL_MODES):
+        raise GGUFSpecError(f"{where}: [pairs.{name}] lacks `draft` (a pair without one drafts with the target's "
+                            "own MTP layers: set mode = \"mtp\")")
+    for key in ("target", "draft") if "draft" in d else ("target",):
         if key not in d:
             raise GGUFSpecError(f"{where}: [pairs.{name}] lacks `{key}`")
         _typed(d, key, str, where, f"pairs.{name}")
@@ -227,7 +234,7 @@ def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
     except GGUFSpecError as e:
         raise GGUFSpecError(f"{where}: [pairs.{name}] {e}") from None
     section = f"pairs.{name}"
-    return PairSpec(name, d["target"], d["draft"], _typed(d, "note", str, where, section, ""), settings,
+    return PairSpec(name, d["target"], d.get("draft"), _typed(d, "note", str, where, section, ""), settings,
                     _layers(d, "n_gpu_layers", where, section), _layers(d, "draft_n_gpu_layers", where, section),
                     _layers(d, "n_cpu_moe", where, section))
 

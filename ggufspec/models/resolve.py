@@ -196,10 +196,12 @@ def listing(registry=None) -> dict:
     where = status(reg)
     models = [{"name": n, "repo": s.repo, "file": s.file, "quant": s.quant, "n_layers": s.n_layers,
                "n_params_b": s.n_params, "path": str(where[n]) if where[n] else None,
-               "size_bytes": where[n].stat().st_size if where[n] else None, "mirror": s.mirror is not None}
+               "size_bytes": where[n].stat().st_size if where[n] else None, "mirror": s.mirror is not None,
+               "checked": s.checked}
               for n, s in reg.models.items()]
     pairs = [{"name": n, "default": n == reg.default_pair, "target": p.target, "draft": p.draft,
-              "ready": bool(where.get(p.target) and where.get(p.draft)), "draft_max": p.settings.get("draft_max"),
+              "mode": p.settings.get("mode"), "ready": all(where.get(m.name) for m in reg.models_of(n)),
+              "checked": all(m.checked for m in reg.models_of(n)), "draft_max": p.settings.get("draft_max"),
               "note": p.note} for n, p in reg.pairs.items()]
     return {"pairs": pairs, "models": models, "models_dir": str(models_dir()), "registries": list(reg.sources)}
 
@@ -220,17 +222,38 @@ def info(model: str, registry=None) -> dict:
     """What a GGUF file says about itself (a path, or a registry name already downloaded)."""
     from ..llama.gguf_info import read_info
 
-    return read_info(resolve_model(model, load_registry(registry), offline=True)).to_dict()
+    return read_info(local_model(model, load_registry(registry))).to_dict()
 
 
-def check_pair(target: str, draft: str, registry=None) -> str:
-    """One sentence saying the draft can serve the target; GGUFSpecError saying why not."""
+def local_model(name_or_path: str, reg: Registry) -> Path:
+    """A path as it is, or a registry model's file on this machine (checked); for the commands that only read
+    files, one line saying how to get a model that is not here, and whether its entry was ever checked."""
+    if not looks_like_path(name_or_path):
+        spec = reg.model(name_or_path)
+        if local_path(spec) is None:
+            unchecked = " (an unchecked entry: repository and file as published, not verified)" if not spec.checked else ""
+            raise GGUFSpecError(f"{spec.name}: not on this machine ({spec.repo}, {spec.file}); "
+                                f"`ggufspec models pull {spec.name}` downloads it{unchecked}")
+    return resolve_model(name_or_path, reg, offline=True)
+
+
+def check_pair(target: str, draft: str | None = None, registry=None) -> str:
+    """One sentence saying the draft can serve the target; GGUFSpecError saying why not. No draft: TARGET is a
+    pair's name (its target and draft), or a model checked for MTP layers of its own to draft with."""
     from ..llama.backend import Model
     from ..llama.compat import check_compatible
+    from ..llama.heads import check_mtp_file
 
     reg = load_registry(registry)
-    with Model(resolve_model(target, reg, offline=True), role="target", vocab_only=True) as t, \
-            Model(resolve_model(draft, reg, offline=True), role="draft", vocab_only=True) as d:
+    pair = reg.pairs.get(target) if draft is None else None
+    if pair:
+        target, draft = pair.target, pair.draft
+    target_path = local_model(target, reg)
+    draft_path = local_model(draft, reg) if draft else None
+    if draft_path is None:
+        n = check_mtp_file(target_path)
+        return f"{target_path.name} carries {n} MTP layer{'s' if n > 1 else ''} of its own to draft with (--mode mtp)"
+    with Model(target_path, role="target", vocab_only=True) as t, Model(draft_path, role="draft", vocab_only=True) as d:
         if d.info.architecture in ("eagle3", "dflash"):
             return _check_hidden_draft(t.path, d.path)
         check_compatible(t, d)

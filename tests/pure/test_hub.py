@@ -1,5 +1,6 @@
 """The real download code (huggingface_hub) against a local fake of the Hub on 127.0.0.1."""
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -67,8 +68,12 @@ def test_checksum_mismatch_deletes_the_file_just_downloaded(fake):
 
 
 def test_missing_file_says_so(fake):
-    with pytest.raises(GGUFSpecError, match="no such file in the repository"):
+    with pytest.raises(GGUFSpecError, match="no such file in the repository; check `file` in models.toml$"):
         hub.download(spec(file="nope.gguf"), endpoint=fake.url, progress=False)
+    guessed = dataclasses.replace(spec(file="nope.gguf"), checked=False)  # a name written without the Hub
+    with pytest.raises(GGUFSpecError, match=r"check `file` in models.toml \(the entry tiny-remote is unchecked: "
+                                            r"written from its publisher's names, never verified;"):
+        hub.download(guessed, endpoint=fake.url, progress=False)
 
 
 def test_offline_without_a_cached_copy_refuses(monkeypatch):

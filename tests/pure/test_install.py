@@ -53,3 +53,113 @@ def test_old_headers_without_apt_get_are_one_line(install, monkeypatch, tmp_path
     with pytest.raises(SystemExit) as e:
         install.vulkan_args(apt=False)
     assert "\n" not in str(e.value) and "older than 1.3.287" in str(e.value) and "VULKAN_SDK" in str(e.value)
+
+
+# -- the backend: a pure function of what is found (fake tool folders, fake /dev) -------------------------------------
+
+def tools(root: Path, *names: str) -> str:
+    """A folder of executable stand-ins for `names`, as a PATH."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (root / name).write_text("#!/bin/sh\nexit 0\n")
+        (root / name).chmod(0o755)
+    return str(root)
+
+
+def found(install, tmp_path, *names, dev=(), system="linux", machine="x86_64", loader=False, headers_version=0):
+    (tmp_path / "dev").mkdir(parents=True, exist_ok=True)
+    for name in dev:
+        (tmp_path / "dev" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "dev" / name).write_text("")
+    include = headers(tmp_path / "inc", headers_version) if headers_version else tmp_path / "no-include"
+    return install.found_here(tools(tmp_path / "bin", *names), cuda_roots=(), rocm_roots=(), dev=tmp_path / "dev",
+                              find_library=lambda name: "libvulkan.so.1" if loader and name == "vulkan" else None,
+                              include=include, system=system, machine=machine)
+
+
+@pytest.fixture(autouse=True)
+def no_driver_libraries(monkeypatch):
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+
+
+def test_nvcc_and_an_nvidia_driver_build_for_cuda(install, tmp_path):
+    backend = install.choose_backend(found(install, tmp_path, "nvcc", dev=["nvidia0"]))
+    assert backend.cmake == "-DGGML_CUDA=on"
+    line = backend.line()
+    assert str(tmp_path / "bin" / "nvcc") in line and "--cpu" in line and "CMAKE_ARGS" in line and "\n" not in line
+
+
+def test_nvcc_without_a_driver_builds_for_the_cpu_and_says_why(install, tmp_path):
+    backend = install.choose_backend(found(install, tmp_path, "nvcc"))
+    assert backend.name == "CPU" and backend.cmake == ""
+    assert "nvcc at" in backend.why and "no NVIDIA driver" in backend.why and "-DGGML_CUDA=on" in backend.line()
+
+
+def test_nothing_found_builds_for_the_cpu(install, tmp_path):
+    backend = install.choose_backend(found(install, tmp_path))
+    assert backend.name == "CPU" and "no nvcc, hipcc" in backend.why and "--vulkan" in backend.line()
+
+
+def test_hipcc_and_an_amd_gpu_build_for_rocm(install, tmp_path):
+    assert install.choose_backend(found(install, tmp_path, "hipcc", dev=["kfd"])).cmake == "-DGGML_HIP=on"
+
+
+def test_apple_silicon_builds_for_metal_and_an_intel_mac_for_the_cpu(install, tmp_path):
+    assert install.choose_backend(found(install, tmp_path, system="darwin", machine="arm64")).cmake == "-DGGML_METAL=on"
+    assert install.choose_backend(found(install, tmp_path, system="darwin", machine="x86_64")).name == "CPU"
+
+
+def test_vulkan_needs_its_loader_headers_tools_and_a_gpu(install, tmp_path):
+    everything = dict(loader=True, headers_version=309)
+    with_gpu = found(install, tmp_path / "a", "glslc", "glslangValidator", dev=["dri/renderD128"], **everything)
+    assert install.choose_backend(with_gpu).name == "Vulkan"
+    no_gpu = found(install, tmp_path / "b", "glslc", "glslangValidator", **everything)  # a container: llvmpipe at most
+    assert install.choose_backend(no_gpu).name == "CPU" and "no GPU" in install.choose_backend(no_gpu).why
+    no_glslc = found(install, tmp_path / "c", "glslangValidator", dev=["dri/renderD128"], **everything)
+    assert install.choose_backend(no_glslc).name == "CPU"
+
+
+def test_cuda_comes_before_vulkan_and_the_flags_decide_over_both(install, tmp_path):
+    both = found(install, tmp_path, "nvcc", "glslc", "glslangValidator", dev=["nvidia0", "dri/renderD128"],
+                 loader=True, headers_version=309)
+    assert install.choose_backend(both).name == "CUDA"
+    assert install.choose_backend(both, cpu=True).name == "CPU"
+    assert install.choose_backend(both, vulkan=True).name == "Vulkan"
+
+
+def run_print(tmp_path, *args, cmake_args=None, driver=True):
+    """scripts/install.py --print with a fake nvcc first on PATH (and a fake libcuda where `driver`)."""
+    import os
+    import subprocess
+    import sys
+
+    lib = tmp_path / "lib"
+    lib.mkdir(exist_ok=True)
+    if driver:
+        (lib / "libcuda.so.1").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "CMAKE_ARGS"}
+    env.update(PATH=tools(tmp_path / "bin", "nvcc") + os.pathsep + env["PATH"], LD_LIBRARY_PATH=str(lib))
+    if cmake_args is not None:
+        env["CMAKE_ARGS"] = cmake_args
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--print"], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_print_shows_the_cuda_build_and_runs_nothing(tmp_path):
+    proc = run_print(tmp_path, "test")
+    assert proc.returncode == 0, proc.stderr
+    assert "building llama.cpp for CUDA" in proc.stderr and "+ pip" not in proc.stderr
+    command = proc.stdout.strip()
+    assert command.startswith('CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=ON') and command.endswith("[test]'")
+
+
+def test_a_users_cmake_args_are_used_as_given(tmp_path):
+    proc = run_print(tmp_path, cmake_args="-DGGML_VULKAN=on -DGGML_RPC=OFF")
+    assert proc.returncode == 0, proc.stderr
+    assert "CMAKE_ARGS is set, so it is used as given" in proc.stderr
+    assert proc.stdout.startswith('CMAKE_ARGS="-DGGML_VULKAN=on -DGGML_RPC=OFF') and "GGML_CUDA" not in proc.stdout
+
+
+def test_cpu_and_vulkan_together_are_refused(tmp_path):
+    proc = run_print(tmp_path, "--cpu", "--vulkan")
+    assert proc.returncode == 2 and "--cpu and --vulkan" in proc.stderr

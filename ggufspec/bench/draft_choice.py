@@ -1,0 +1,125 @@
+"""`ggufspec drafts --measure`: each usable candidate of `models.drafts.find_drafts` measured on this machine.
+
+For each, the benchmark's code (`runs.run`, `rows.rows`) runs the target alone and the candidate's mode at each
+draft length on a few prompts (greedy, short): the acceptance rate, the measured costs (`Engine.costs`), the speed-up
+Leviathan's formula expects from them (`rows`' predicted_speedup_costs) and the measured one, of the length that
+measured best. One Engine serves the drafters that need no draft file (prompt lookup, the target's MTP layers).
+`save_best` writes the best draft file as a pair in the user's models.toml (`registry.save_pair`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import MODES
+from ..engine import Engine
+from ..errors import GGUFSpecError
+from ..models.drafts import rank
+from ..models.registry import save_pair
+from ..paths import user_registry
+from .prompts import load_prompts
+from .rows import rows
+from .runs import BenchSettings, run
+
+
+@dataclass
+class MeasureSettings:
+    suites: str = "code"
+    limit: int = 2  # prompts per suite
+    max_tokens: int = 32
+    draft_max: tuple[int, ...] = (2, 4)
+    n_ctx: int = 2048
+
+
+def measurable(candidate: dict) -> bool:
+    return bool(candidate["usable"]) and candidate["mode"] in MODES and (candidate["path"] or candidate["mode"] == "lookup")
+
+
+def measure(found: dict, s: MeasureSettings, progress=None, announce=None) -> dict:
+    """`found` (find_drafts' answer) with each usable candidate's `measured` filled in, ranked again by measured
+    speed-up; a Ctrl-C keeps what finished (interrupted=True)."""
+    from ..models.drafts import Candidate
+
+    prompts = load_prompts(None, s.suites, s.limit)
+    target = Path(found["target"]["path"])
+    todo = [c for c in found["candidates"] if measurable(c)]
+    by_engine: dict[str | None, list[dict]] = {}
+    for c in todo:  # the drafters without a file of their own (lookup, the target's MTP layers) share one engine
+        by_engine.setdefault(None if c["mode"] == "lookup" or c["path"] == str(target) else c["path"], []).append(c)
+    interrupted = False
+    try:
+        for i, (draft, group) in enumerate(by_engine.items()):
+            if announce:
+                announce(f"measuring {', '.join(c['name'] for c in group)} ({i + 1}/{len(by_engine)})")
+            _measure_group(target, draft, group, prompts, s, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+    candidates = rank([Candidate(**c) for c in found["candidates"]])
+    return {**found, "candidates": [c.to_dict() for c in candidates], "measured": True, "interrupted": interrupted}
+
+
+def _measure_group(target: Path, draft: str | None, group: list[dict], prompts, s: MeasureSettings, progress) -> None:
+    modes = ("target",) + tuple(dict.fromkeys(c["mode"] for c in group))
+    settings = BenchSettings(modes, s.draft_max, s.max_tokens, repeats=1, warmup=1, ignore_eos=True).validate()
+    try:
+        engine = Engine(target, draft, n_ctx=s.n_ctx)
+    except GGUFSpecError as e:
+        for c in group:
+            c["measured"] = {"error": str(e)}
+        return
+    with engine:
+        runs = []
+        run(engine, prompts, settings, runs, progress=progress)
+        table = rows(runs, engine, settings)
+        costs = engine.costs
+        steps = {"draft": costs.draft_token_seconds, "mtp": costs.mtp_token_seconds, "lookup": 0.0}
+        for c in group:
+            mine = [r for r in table if r["mode"] == c["mode"] and r["speedup"] is not None]
+            if not mine:
+                continue
+            best = max(mine, key=lambda r: r["speedup"])
+            step = steps.get(c["mode"])
+            c["measured"] = {"alpha": best["acceptance_rate"], "draft_max": best["draft_max"],
+                             "cost_ratio": step / costs.target_token_seconds if step is not None else None,
+                             "expected": best["predicted_speedup_costs"], "speedup": best["speedup"],
+                             "tokens_per_second": best["tokens_per_second"]}
+
+
+def best_pair(measured: dict) -> dict | None:
+    """The best measured candidate with a draft file of its own (a pair needs one), or None."""
+    target = measured["target"]["path"]
+    with_file = [c for c in measured["candidates"] if c["path"] and c["path"] != target
+                 and (c.get("measured") or {}).get("speedup")]
+    return max(with_file, key=lambda c: c["measured"]["speedup"]) if with_file else None
+
+
+def pair_values(measured: dict, best: dict) -> tuple[str, dict]:
+    """(the pair's name, its table) for the best candidate: target and draft by registry name or path."""
+    target = measured["target"]["name"]
+    registry_name = "/" not in best["name"] and not best["name"].endswith(".gguf")  # else a file's label
+    draft = best["name"] if registry_name else best["path"]
+    name = f"{Path(target).stem}+{Path(best['name']).stem}"
+    values = {"target": target, "draft": draft, "mode": best["mode"]}
+    if best["measured"].get("draft_max"):
+        values["draft_max"] = best["measured"]["draft_max"]
+    return name, values
+
+
+def registry_file(registry) -> Path:
+    return Path(registry) if registry else user_registry()
+
+
+def check_save(found: dict, registry) -> None:
+    """Before measuring: that a pair for this target can be written to the registry file (nothing written)."""
+    target = found["target"]["name"]
+    save_pair(registry_file(registry), f"{Path(target).stem}+check", {"target": target, "draft": found["target"]["path"]},
+              check_only=True)
+
+
+def save_best(measured: dict, registry) -> tuple[str, Path] | None:
+    best = best_pair(measured)
+    if best is None:
+        return None
+    name, values = pair_values(measured, best)
+    return name, save_pair(registry_file(registry), name, values)
