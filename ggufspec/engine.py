@@ -133,8 +133,9 @@ class Engine(Closing):
         """Where llama.cpp put each model's weights, as it reported it: {role: {buffer: MiB}}."""
         self._check_open()
         out = {"target": self.target_model.buffers}
-        if self.draft_model is not None:
-            out["draft"] = self.draft_model.buffers
+        draft = self.draft_model or self.head_model  # the draft model, or an EAGLE-3 / DFlash draft
+        if draft is not None:
+            out["draft"] = draft.buffers
         return out
 
     def cost_report(self) -> dict:
