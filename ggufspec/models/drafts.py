@@ -223,11 +223,14 @@ def hidden_state_misfit(target, draft) -> str | None:
 
 
 def _local_files(target: Path) -> list[tuple[str, str, Path]]:
-    """(label, source, path) of every GGUF in the models directory and the Hub cache, the target left out."""
+    """(label, source, path) of every GGUF beside the target, in the models directory and the Hub cache, the
+    target left out."""
     from .hub import cached_ggufs
 
-    folder = models_dir()
-    found = [(p.name, "models dir", p) for p in sorted(folder.glob("*.gguf"))] if folder.is_dir() else []
+    found = []
+    for folder, source in ((target.parent, "beside it"), (models_dir(), "models dir")):
+        if folder.is_dir():
+            found += [(p.name, source, p) for p in sorted(folder.glob("*.gguf"))]
     found += [(label, "Hub cache", p) for label, p in cached_ggufs()]
     seen, out = {target.resolve()}, []
     for label, source, p in found:
