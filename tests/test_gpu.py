@@ -61,17 +61,24 @@ def test_the_device_and_its_free_memory_are_llama_cpps(gpu):
     assert any(f in report["build_features"] for f in ("VULKAN", "CUDA", "METAL", "HIP", "SYCL"))
 
 
-@pytest.mark.parametrize("shape", ["dense", "moe_wide"])
-def test_batches_of_growing_size_do_not_crash_the_driver(gpu, tiny, tmp_path, shape):
+@pytest.mark.parametrize("shape", ["dense", "moe_wide", "moe_split"])
+def test_batches_of_growing_size_do_not_crash_the_driver(gpu, tiny, moe, tmp_path, shape):
     """Mesa 22.3's llvmpipe segfaulted in llama.cpp's flash attention after batches of 1, 2, then 3 tokens, on both
-    shapes (contexts on a software Vulkan device run without it). In a process of its own, since a crash kills it."""
-    path = tiny["target"] if shape == "dense" else write_tiny_moe(tmp_path / "moe_wide.gguf", n_embd=256, n_expert=16,
-                                                                 n_ff_exp=512)
+    the dense and the MoE shape, and in op offload (a batch of 32 copying the experts kept on the CPU to the device)
+    with one layer's experts on the CPU, in 2 runs of 3: contexts on a software Vulkan device run without either.
+    In a process of its own, since a crash kills it; three times, since the second crashed only now and then."""
+    path = {"dense": tiny["target"], "moe_split": moe}.get(shape) or write_tiny_moe(
+        tmp_path / "moe_wide.gguf", n_embd=256, n_expert=16, n_ff_exp=512)
     code = ("import sys; from ggufspec.llama.backend import Model, Context\n"
-            "m = Model(sys.argv[1], n_gpu_layers=-1); c = Context(m, n_ctx=256)\n"
-            "[c.decode(list(range(100, 100 + n)), logits='all') for n in range(1, 9)]; print('ok')")
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+            "m = Model(sys.argv[1], n_gpu_layers=-1, cpu_moe=int(sys.argv[2])); c = Context(m, n_ctx=256)\n"
+            "split = sys.argv[2] != '0'\n"
+            "for n in ((1, 2, 4, 8, 16, 32, 64) if split else range(1, 9)):\n"
+            "    c.clear() if split else None; c.decode(list(range(100, 100 + n)), logits='all')\n"
+            "print('ok')")
+    for _ in range(3 if shape == "moe_split" else 1):
+        done = subprocess.run([sys.executable, "-c", code, str(path), "1" if shape == "moe_split" else "0"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("ngl,ngld", PLACEMENTS, ids=lambda v: str(v))

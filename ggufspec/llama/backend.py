@@ -210,9 +210,10 @@ class Context(Closing):
         params.no_perf = True
         # llama.cpp caps n_batch (and so n_ubatch) at n_ctx before padding n_ctx
         params.n_rs_seq = fitted_rollback(rollback, min(n_ctx, n_batch)) if cannot_be_cut(model._model) else 0
-        if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention (devices.software_vulkan)
+        if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention and op offload (devices.software_vulkan)
             params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self.flash_attn_type = params.flash_attn_type
+            params.op_offload = False
+        self.flash_attn_type, self.op_offload = params.flash_attn_type, params.op_offload
         self._owned = True
         self._ctx, log = create_context(model._model, params)
         self.buffers = buffers(log)  # what llama.cpp allocated where: {"KV" | "compute" | ...: {buffer: MiB}}
@@ -233,6 +234,7 @@ class Context(Closing):
         self._owned = False
         self._ctx = llama._ctx.ctx
         self.flash_attn_type = llama.context_params.flash_attn_type
+        self.op_offload = bool(getattr(llama.context_params, "op_offload", True))
         self._setup(llama.n_ctx(), int(llama.context_params.n_threads))
         return self
 

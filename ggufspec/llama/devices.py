@@ -40,7 +40,9 @@ def software_vulkan() -> bool:
     """Whether llama.cpp sees a software Vulkan device (Mesa's llvmpipe). Contexts there run without flash
     attention: Mesa 22.3's llvmpipe (Debian 12) crashes inside its own shader threads in llama.cpp's flash
     attention after batches of 1, 2 and then 3 tokens (llama-cpp-python's own `Llama(flash_attn=True)` alike;
-    not with flash_attn=False), and a software device's speed means nothing anyway."""
+    not with flash_attn=False); and without op offload (llama.cpp copies weights kept on the CPU, a MoE's experts
+    under --n-cpu-moe, to the device for batches of 32 or more: lavapipe segfaulted there in 2 runs of 3). A
+    software device's speed means nothing anyway."""
     return any(d["name"].startswith("Vulkan") and d["software"] for d in devices())
 
 

@@ -245,6 +245,7 @@ def follower_context(target, model, what: str, *, mtp: bool = False, n_threads: 
     params.ctx_other = target._ctx
     params.n_rs_seq = 0
     params.flash_attn_type = target.flash_attn_type
+    params.op_offload = getattr(target, "op_offload", True)
     ctx, log = create_context(model._model, params)
     if not ctx:
         raise GGUFSpecError(f"{model.path}: llama.cpp could not create {what} (out of memory? try a smaller -c)")
