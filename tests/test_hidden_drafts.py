@@ -47,7 +47,9 @@ def test_greedy_text_is_the_targets_in_every_mode(engine, prompt):
             r = e.generate(prompt, max_tokens=40, mode=mode, draft_max=draft_max, ignore_eos=True)
             assert r.tokens == target.tokens, (mode, draft_max)
     r = e.generate(prompt, max_tokens=40, mode=kind, draft_max=3, ignore_eos=True)
-    assert r.stats.rounds_by_source.get(kind, 0) > 5 and 0 < r.stats.n_accepted <= r.stats.n_drafted
+    assert r.stats.rounds_by_source.get(kind, 0) > 5 and r.stats.n_accepted <= r.stats.n_drafted
+    if e.target_model.info.architecture == "llama":  # the fixtures' drafts agree with their llama target only
+        assert r.stats.n_accepted > 0
 
 
 @pytest.mark.parametrize("seed", [1, 7])
@@ -75,7 +77,7 @@ def test_unseeded_sampling_follows_the_targets_distribution(models, kind):
 
     params = SamplingParams(temperature=1.0)
     with Engine(models["llama"]["target"], models["llama"][kind], n_ctx=256) as e:
-        prompt = e.target_model.tokenize(PROMPTS[0])
+        prompt = e.target_model.tokenize("x = 1\ny =")  # p spread (its top 0.6) and q far from it
         ctx, head = e.target_ctx, e.heads[kind]
         head.activate(True)
         ctx.clear()
