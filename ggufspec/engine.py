@@ -81,26 +81,8 @@ class Engine(Closing):
             check_kv_cache_types(self.target_model.info, *cache_types)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                       rollback=ROLLBACK_ROWS, cache_types=cache_types)
-            info = read_info(draft) if draft is not None else None
-            if info is not None and is_mtp_file(info):  # a sibling mtp-*.gguf: the target's MTP layers
-                self.mtp_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="MTP layers", devices=draft_devices,
-                                       mtp=True)
-                check_compatible(self.target_model, self.mtp_model)
-                self.file_head, draft = "mtp", None
-            if self.target_model.mtp_loaded or self.mtp_model is not None:
-                self.heads["mtp"] = MtpHead(self.target_ctx, model=self.mtp_model)
-            if info is not None and info.architecture in HIDDEN_HEADS:  # an EAGLE-3 or DFlash draft: a head, not a model
-                self.head_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role=f"{info.architecture} draft",
-                                        devices=draft_devices)
-                self.heads[info.architecture] = HIDDEN_HEADS[info.architecture](self.target_ctx, self.head_model,
-                                                                                n_threads=n_threads)
-                self.file_head, draft = info.architecture, None
-            if draft is not None:
-                self.draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers, role="draft", devices=draft_devices)
-                check_compatible(self.target_model, self.draft_model)
-                check_kv_cache_types(self.draft_model.info, *cache_types)
-                self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                         cache_types=cache_types)
+            self._load_draft(draft, n_gpu_layers=draft_n_gpu_layers, devices=draft_devices, n_ctx=n_ctx,
+                             n_batch=n_batch, n_threads=n_threads, cache_types=cache_types)
         except BaseException:
             self.close()
             raise
@@ -118,6 +100,30 @@ class Engine(Closing):
         self._turn = threading.Lock()
         self._holder: int | None = None  # the thread whose generation runs
         self._generation = 0  # the running generation's number
+
+    def _load_draft(self, draft, *, n_gpu_layers, devices, n_ctx, n_batch, n_threads, cache_types) -> None:
+        """The -md file, as what it is: the target's MTP layers (a sibling mtp-*.gguf), an EAGLE-3 or DFlash draft
+        (a head following the target's context), or a draft model on a context of its own; and the target's own
+        MTP head, where it has MTP layers."""
+        info = read_info(draft) if draft is not None else None
+        if info is not None and is_mtp_file(info):  # a sibling mtp-*.gguf: the target's MTP layers
+            self.mtp_model = Model(draft, n_gpu_layers=n_gpu_layers, role="MTP layers", devices=devices, mtp=True)
+            check_compatible(self.target_model, self.mtp_model)
+            self.file_head, draft = "mtp", None
+        if self.target_model.mtp_loaded or self.mtp_model is not None:
+            self.heads["mtp"] = MtpHead(self.target_ctx, model=self.mtp_model)
+        if info is not None and info.architecture in HIDDEN_HEADS:  # an EAGLE-3 or DFlash draft: a head, not a model
+            self.head_model = Model(draft, n_gpu_layers=n_gpu_layers, role=f"{info.architecture} draft",
+                                    devices=devices)
+            self.heads[info.architecture] = HIDDEN_HEADS[info.architecture](self.target_ctx, self.head_model,
+                                                                            n_threads=n_threads)
+            self.file_head, draft = info.architecture, None
+        if draft is not None:
+            self.draft_model = Model(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices)
+            check_compatible(self.target_model, self.draft_model)
+            check_kv_cache_types(self.draft_model.info, *cache_types)
+            self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                     cache_types=cache_types)
 
     @property
     def mtp_head(self):

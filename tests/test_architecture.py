@@ -233,7 +233,8 @@ def test_the_default_bench_table_fits_120_columns(tiny):
     assert "draft-alone" in narrow.stdout and "draft (draft-max 4)" in narrow.stdout
     wide = CliRunner().invoke(cli, args + ["--wide"])
     assert "draft/verify/other" in wide.stdout and "draft/verify/other" not in narrow.stdout
-    assert narrow.stderr == ""  # progress only when stderr is a terminal
+    # progress only when stderr is a terminal (a busy machine's "measuring again" warning may come all the same)
+    assert [line for line in narrow.stderr.splitlines() if not line.startswith("ggufspec: ")] == []
 
 
 def test_the_installed_registry_is_the_top_level_file(tmp_path):

@@ -19,6 +19,7 @@ from ..models.drafts import rank
 from ..models.registry import save_pair
 from ..paths import user_registry
 from .prompts import load_prompts
+from .report import mib, table
 from .rows import rows
 from .runs import BenchSettings, run
 
@@ -123,3 +124,46 @@ def save_best(measured: dict, registry) -> tuple[str, Path] | None:
         return None
     name, values = pair_values(measured, best)
     return name, save_pair(registry_file(registry), name, values)
+
+
+def drafts_text(out: dict, saved: dict | None = None) -> str:
+    """`ggufspec drafts`: the ranked candidates, what the figures are, and the next command."""
+    t = out["target"]
+    measured = out.get("measured")
+    body = []
+    for i, c in enumerate(out["candidates"], 1):
+        m = c.get("measured") or {}
+        row = {"rank": i, "draft": c["name"], "mode": c["mode"] if c["usable"] is not False else None, "usable": {True: "yes", False: "no", None: "?"}[c["usable"]],
+               "why": c["why"], "size": mib(c["size_bytes"]) if c["size_bytes"] else "-", "quant": c["quant"],
+               "cost": f"{c['cost_ratio']:.2f}" if c["cost_ratio"] is not None else None,
+               "expected": f"{c['expected']:.2f}x (n={c['draft_max']})" if c["expected"] is not None else None}
+        if measured:
+            row.update(alpha=_num(m.get("alpha")), cost_measured=_num(m.get("cost_ratio")),
+                       expected_measured=f"{m['expected']:.2f}x" if m.get("expected") is not None else None,
+                       speedup=f"{m['speedup']:.2f}x (n={m.get('draft_max') or '-'})" if m.get("speedup") else
+                       m.get("error"))
+        body.append(row)
+    columns = [("rank", "#"), ("draft", "draft"), ("mode", "--mode"), ("usable", "usable"), ("why", "why"),
+               ("size", "size"), ("quant", "quant"), ("cost", "cost*"), ("expected", "expected*")]
+    if measured:
+        columns += [("alpha", "alpha"), ("cost_measured", "cost"), ("expected_measured", "expected"),
+                    ("speedup", "measured")]
+    lines = [f"target: {t['name']} ({mib(t['size_bytes'])}, {t['quant']}, {t['n_vocab']} tokens)", table(body, columns),
+             f"* predicted from sizes: cost = a draft step over a target step (the bytes each reads); expected = "
+             f"Leviathan's speed-up at the best draft length n, at an assumed alpha of {out['assumed_alpha']}"
+             + ("" if measured else "; `--measure` measures both")]
+    if measured:
+        lines.append("measured here (greedy): alpha, cost from the measured steps, the speed-up those expect, and the "
+                     "measured speed-up over the target alone, of the best draft length"
+                     + (" (interrupted: the rows measured so far)" if out.get("interrupted") else ""))
+    if saved:
+        lines.append(f"saved pair {saved['pair']} in {saved['file']}")
+    best = next((c for c in out["candidates"] if c["usable"]), None)
+    if best:
+        draft = f" -md {best['path']}" if best["path"] and best["path"] != t["path"] else ""
+        lines.append(f"next: ggufspec generate -m {t['name']}{draft} --mode {best['mode']} \"PROMPT\"")
+    return "\n".join(lines)
+
+
+def _num(v) -> str | None:
+    return None if v is None else f"{v:.2f}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..core import DRAFTING_MODES, MTP_MODES, Stats
+from ..core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, Stats
 from ..costs import predicted_speedup
 from ..engine import Engine
 from ..sampling import top2_gap
@@ -79,7 +79,8 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
                         row["divergence"] = {"prompt": r.prompt.label, "token": pos}
         if alpha is not None and config.draft_max and costs is not None and config.mode != "auto":
             draft_cost = (costs.draft_token_seconds if config.mode == "draft" else
-                          costs.mtp_token_seconds if config.mode in MTP_MODES else 0.0) or 0.0
+                          costs.head_step(HEAD_MODES[config.mode], config.draft_max) if config.mode in HEAD_MODES
+                          else 0.0) or 0.0
             row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, draft_cost / costs.target_token_seconds)
             # the same expectation with the verify batch's measured cost instead of one step's
             row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, verification.batch_limit())
@@ -127,11 +128,10 @@ def noise_notes(rows_: list[dict]) -> list[str]:
     if not mine:
         return []
     if max(r["repeats"] for r in mine) < 2:
-        return ["one repeat: min-max shows no spread, and rows a few percent apart may swap in another run "
-                "(--repeats 2 or more measures the spread)"]
+        return ["one repeat: min-max shows no spread; rows a few percent apart may swap in another run (--repeats 2)"]
     notes = []
     for group in dict.fromkeys(r["group"] for r in mine):
-        rs = [r for r in mine if r["group"] == group and r["mode"] != "draft-alone"]  # draft-alone writes other text
+        rs = [r for r in mine if r["group"] == group and r["mode"] not in DRAFT_ALONE_MODES]  # the draft's own text
         where = "" if group == "all" else f"{group}: "
         best = max(rs, key=lambda r: r["tokens_per_second"])
         ties = [r["label"] for r in rs if r is not best and _overlap(r, best)]

@@ -36,7 +36,8 @@ def drafts_command(target, measure, suites, limit, max_tokens, draft_max, write,
       ggufspec drafts qwen2.5-coder-1.5b-instruct-q8_0
       ggufspec drafts ./target.gguf --measure --write
     """
-    from ..bench.report import drafts_text, to_json
+    from ..bench.draft_choice import drafts_text
+    from ..bench.report import to_json
     from ..models.drafts import find_drafts
 
     if write and not measure:

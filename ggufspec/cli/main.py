@@ -161,8 +161,6 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     """
     from ..bench import benchmark as B
     from ..bench.prompts import load_prompts
-    from ..bench.report import auto_footer, bench_footer, bench_table, to_csv, to_json
-
     load, given, draft_max = split_options(options)
     given = {k: v for k, v in given.items() if k not in ("mode", "ignore_eos")}
     settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),  # -n 0 is a value, refused
@@ -188,6 +186,22 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         click.echo(f"{stopped_by(signals)[0]}: showing the finished runs", err=True)
     for note in result.meta.get("notes", []):  # llama.cpp's rows left out, rows cut short
         click.echo(f"note: {note}", err=True)
+    _show_bench(result, by, as_json=as_json, as_csv=as_csv, as_markdown=as_markdown, wide=wide)
+    if plot:
+        from ..bench.report import plot_sweep
+
+        plot_sweep(result.rows, plot)
+    if result.meta.get("outputs_error"):
+        click.echo(f"Error: {result.meta['outputs_error']}", err=True)
+        sys.exit(1)
+    if result.interrupted:
+        sys.exit(stopped_by(signals)[1])
+
+
+def _show_bench(result, by: str, *, as_json: bool, as_csv: bool, as_markdown: bool, wide: bool) -> None:
+    """The benchmark's rows as JSON, CSV or a table with its footer (costs, auto's choices, the noise notes)."""
+    from ..bench.report import auto_footer, bench_footer, bench_table, to_csv, to_json
+
     if as_json:
         click.echo(to_json({**result.meta, "rows": result.rows}))
     elif as_csv:
@@ -198,15 +212,6 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         footer = "\n".join(part for part in (bench_footer(result.meta), auto_footer(result.rows), noise) if part)
         if footer:
             click.echo("\n" + footer)
-    if plot:
-        from ..bench.report import plot_sweep
-
-        plot_sweep(result.rows, plot)
-    if result.meta.get("outputs_error"):
-        click.echo(f"Error: {result.meta['outputs_error']}", err=True)
-        sys.exit(1)
-    if result.interrupted:
-        sys.exit(stopped_by(signals)[1])
 
 
 cli.add_command(models)
