@@ -84,7 +84,8 @@ def test_hidden_state_drafts_fit_by_the_target_layers_they_read(tmp_path):
     write_tiny_eagle3(models / "eagle3.gguf", target, layers=(1, 2, 3))
     write_tiny_dflash(models / "dflash-far.gguf", target, layers=(1, 9))
     c = by_name(json.loads(run("drafts", target, "--json").stdout))
-    assert c["eagle3.gguf"]["mode"] == "eagle3" and "reads target layer" not in c["eagle3.gguf"]["why"]
+    assert c["eagle3.gguf"]["mode"] == "eagle3" and c["eagle3.gguf"]["usable"]
+    assert c["eagle3.gguf"]["why"] == "reads target layers [1, 2, 3]"
     assert not c["dflash-far.gguf"]["usable"] and "reads target layer 9" in c["dflash-far.gguf"]["why"]
 
 
