@@ -118,24 +118,30 @@ def test_mtp_greedy_and_seeded_identity_on_the_device(gpu, tmp_path_factory, ngl
                               ignore_eos=True).tokens == seeded, prompt
 
 
-@pytest.mark.parametrize("kind,ngl,ngld", [("eagle3", -1, -1), ("eagle3", 2, 0), ("dflash", -1, -1), ("dflash", -1, 0)])
-def test_eagle3_and_dflash_identity_on_the_device(gpu, tmp_path_factory, kind, ngl, ngld):
-    """An EAGLE-3 / DFlash draft following a target on the device (the draft there too, or on the CPU): it reads
-    the target's layer inputs across the placement, and its drafts keep the target's greedy and seeded text."""
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_eagle3_and_dflash_identity_with_the_draft_on_the_device(gpu, tmp_path_factory, kind):
+    """An EAGLE-3 / DFlash draft on the device following a target on the CPU: its drafts keep the target's greedy
+    and seeded text. With any of the target's layers on the device, reading their inputs corrupts the heap in this
+    llama.cpp release (malloc aborted at the first decode): one line instead, before any is read."""
+    from ggufspec.errors import GGUFSpecError
     from tiny_hidden import read_target, write_tiny_dflash, write_tiny_eagle3, write_tiny_target
 
     d = tmp_path_factory.mktemp(f"{kind}-gpu")
     target = write_tiny_target(d / "target.gguf")
     draft = (write_tiny_eagle3 if kind == "eagle3" else write_tiny_dflash)(d / f"{kind}.gguf", read_target(target))
-    with Engine(target, draft, n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=ngld) as e:
-        assert on_device(e.weights()["target"], gpu) > 0
-        assert (on_device(e.weights()["draft"], gpu) > 0) == (ngld != 0)
+    with Engine(target, draft, n_ctx=512, n_gpu_layers=0, draft_n_gpu_layers=-1) as e:
+        assert on_device(e.weights()["draft"], gpu) > 0 and on_device(e.weights()["target"], gpu) == 0
         greedy = e.generate("def fib(n):", max_tokens=32, mode="target", ignore_eos=True).tokens
         seeded = e.generate("def fib(n):", max_tokens=32, mode="target", seed=3, temperature=0.8, ignore_eos=True).tokens
         out = e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, ignore_eos=True)
         assert out.tokens == greedy and out.stats.n_accepted > 0
         assert e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, seed=3, temperature=0.8,
                           ignore_eos=True).tokens == seeded
+    for ngl in (-1, 2):
+        with pytest.raises(GGUFSpecError, match=f"cannot copy back from {gpu} without corrupting memory: keep the "
+                                                r"target's layers on the CPU \(-ngl 0"):
+            Engine(target, draft, n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=-1)
+
 
 def test_costs_are_measured_on_the_devices_kernels(gpu, tiny):
     with Engine(tiny["target"], tiny["close"], n_ctx=512, n_gpu_layers=-1, draft_n_gpu_layers=0) as e:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import GGUFSpecError
 from .heads import RowBatch, ext, follower_context
-from .hidden import check_layer_ids, extract_layers, layer_rows, target_layer_ids
+from .hidden import check_layer_ids, check_target_on_host, extract_layers, layer_rows, target_layer_ids
 from .runtime import C, Closing, decode_failed
 
 DEFAULT_BLOCK = 16  # llama.cpp's block size where the GGUF names none
@@ -63,6 +63,7 @@ class DflashHead(Closing):
 
     def __init__(self, target, draft_model, *, n_threads: int | None = None):
         self.layer_ids, self.block_size, self.mask_id = check_dflash(target.model, draft_model)
+        check_target_on_host(target.model, draft_model, "DFlash")
         self.max_draft = self.block_size - 1  # the block is [last, mask x n]
         self.target, self.draft_model, self.X = target, draft_model, ext()
         self.n_vocab = target.n_vocab

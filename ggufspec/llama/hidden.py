@@ -122,6 +122,20 @@ def check_layer_ids(target_model, draft_model, ids: list[int], width_key: str) -
                             f"are {n_embd} wide: this draft was made for another target model")
 
 
+def check_target_on_host(target_model, draft_model, what: str) -> None:
+    """One line where the target's layers are on a device (a GPU, an RPC server): reading their layer inputs there
+    corrupts the heap in this llama.cpp release (`llama_context::extract_layer_inputs` copies them asynchronously;
+    Vulkan: malloc's "unsorted double linked list corrupted" at the first decode, with any of the target's layers
+    on the device, whether the draft is there or not). Checked before any layer input is asked for."""
+    on_device = sorted(name for name in target_model.buffers
+                       if not (name.startswith("CPU") or name.endswith("_Host")))
+    if on_device:
+        raise GGUFSpecError(f"{draft_model.path}: {what} drafts read the target's layer inputs, which this llama.cpp "
+                            f"release cannot copy back from {on_device[0]} without corrupting memory: keep the target's "
+                            f"layers on the CPU (-ngl 0; the draft may use the GPU, -ngld), or use --mode mtp, draft "
+                            f"or lookup")
+
+
 def extract_layers(follower, on: bool) -> None:
     """Make the target output (on) or stop outputting the inputs of the layers `follower.layer_ids` (the target's
     n_layer: its final hidden state), leaving on those another active follower reads (reading rows not extracted
@@ -153,6 +167,7 @@ class Eagle3Head(Closing):
 
     def __init__(self, target, draft_model, *, n_threads: int | None = None):
         self.layer_ids = check_eagle3(target.model, draft_model)
+        check_target_on_host(target.model, draft_model, "EAGLE-3")
         self.target, self.draft_model = target, draft_model
         self.X, self.S = ext(), Staging.get()
         self.n_layer_target = int(C.llama_model_n_layer(target.model._model))
