@@ -181,12 +181,15 @@ class Costs:
         steps = {"lookup": 0.0}
         if self.draft_token_seconds:
             steps["draft model"] = self.draft_token_seconds
-        for name in self.head_seconds:  # a DFlash block's cost spread over the longest draft it pays at
-            steps[HEAD_LABELS.get(name, name)] = self.head_step(name, longest)
+        reach = {}  # the longest draft each drafter makes (a DFlash block's size less one)
+        for name, h in self.head_seconds.items():  # a DFlash block's cost spread over its longest draft
+            reach[HEAD_LABELS.get(name, name)] = min(longest, h.get("longest") or longest)
+            steps[HEAD_LABELS.get(name, name)] = self.head_step(name, reach[HEAD_LABELS.get(name, name)])
         drafters = {}
         for name, step in steps.items():
-            best, n = self.best_length(1.0, step, verify_batch, longest)
-            drafters[name] = {"draft_step_seconds": step, "break_even_alpha": self.break_even(step, verify_batch, MARGIN, longest),
+            best, n = self.best_length(1.0, step, verify_batch, reach.get(name, longest))
+            drafters[name] = {"draft_step_seconds": step,
+                              "break_even_alpha": self.break_even(step, verify_batch, MARGIN, reach.get(name, longest)),
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
                 "mtp_token_seconds": self.mtp_token_seconds, "head_seconds": self.head_seconds,

@@ -351,7 +351,8 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             d = {"token_seconds": measured["token"], "round_seconds": measured.get("round", 0.0),
                  "machine": machine()["summary"]}
             new[hkey] = d
-        head_seconds[head.name] = {"token": d["token_seconds"], "round": d.get("round_seconds") or 0.0}
+        head_seconds[head.name] = {"token": d["token_seconds"], "round": d.get("round_seconds") or 0.0,
+                                   "longest": getattr(head, "max_draft", None)}  # a DFlash block's drafts
     _update_cache(new)
     rollback = entry.get("rollback")
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
