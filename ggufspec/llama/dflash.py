@@ -20,9 +20,9 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
-from .heads import RowBatch, ext, follower_context
+from .heads import Follower, RowBatch, ext, follower_context
 from .hidden import check_layer_ids, check_target_on_host, extract_layers, layer_rows, target_layer_ids
-from .runtime import C, Closing, decode_failed
+from .runtime import C, decode_failed
 
 DEFAULT_BLOCK = 16  # llama.cpp's block size where the GGUF names none
 
@@ -56,10 +56,11 @@ def check_dflash(target_model, draft_model) -> tuple[list[int], int, int]:
     return ids, block, mask
 
 
-class DflashHead(Closing):
+class DflashHead(Follower):
     """A DFlash draft on its own context, following the target Context `target` (see the module)."""
 
     name = "dflash"
+    _batches = ("_inject", "_block")
 
     def __init__(self, target, draft_model, *, n_threads: int | None = None):
         self.layer_ids, self.block_size, self.mask_id = check_dflash(target.model, draft_model)
@@ -90,17 +91,10 @@ class DflashHead(Closing):
         self.rows_fed = 0
         target.followers.append(self)
 
-    @property
-    def n_ctx(self) -> int:
-        return self.target.n_ctx
-
     # -- following the target -------------------------------------------------------------------
 
-    def activate(self, on: bool) -> None:
-        """Follow the target's decodes (on) or not: the target outputs the layers' inputs only while followed."""
-        if on != self.active:
-            extract_layers(self, on)
-            self.active = on
+    def _follow(self, on: bool) -> None:
+        extract_layers(self, on)  # the inputs of the layers this draft reads
 
     def ready(self, n_past: int) -> bool:
         """Whether a draft can start at position n_past (this context holds the target's n_past positions)."""
@@ -168,18 +162,3 @@ class DflashHead(Closing):
         if self._drafted:
             C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
             self._drafted = self._next = 0
-
-    # -- lifetime -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        for batch in (getattr(self, "_inject", None), getattr(self, "_block", None)):
-            if batch is not None:
-                batch.free()
-        target = getattr(self, "target", None)
-        if target is not None and self in target.followers:
-            target.followers.remove(self)
-            if target._ctx and self.active:
-                extract_layers(self, False)
-        if getattr(self, "_ctx", None):
-            C.llama_free(self._ctx)
-            self._ctx = None

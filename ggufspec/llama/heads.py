@@ -88,11 +88,47 @@ class RowBatch:
             self.batch = None
 
 
-class MtpHead(Closing):
+class Follower(Closing):
+    """What every head shares as a follower of a target `Context` (see the module): its context's length, following
+    on and off (`_follow`: what the target must output while followed), and freeing its batches (named in
+    `_batches`) and context, the target told first."""
+
+    _batches: tuple[str, ...] = ()
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    def activate(self, on: bool) -> None:
+        """Follow the target's decodes (on) or not: the target outputs what this head reads only while followed."""
+        if on != self.active:
+            self._follow(on)
+            self.active = on
+
+    def _follow(self, on: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for name in self._batches:
+            batch = getattr(self, name, None)
+            if batch is not None:
+                batch.free()
+        target = getattr(self, "target", None)
+        if target is not None and self in target.followers:
+            target.followers.remove(self)
+            if target._ctx and self.active:
+                self._follow(False)
+        if getattr(self, "_ctx", None):
+            C.llama_free(self._ctx)
+            self._ctx = None
+
+
+class MtpHead(Follower):
     """A target model's MTP block on its own context, following the target Context `target` (see the module).
     model: where the block is, where not in the target's own file (a sibling MTP GGUF, loaded with mtp=True)."""
 
     name = "mtp"
+    _batches = ("_batch",)
 
     def __init__(self, target, *, model=None, n_threads: int | None = None):
         model = model or target.model
@@ -121,17 +157,10 @@ class MtpHead(Closing):
         self.rows_fed = 0
         target.followers.append(self)
 
-    @property
-    def n_ctx(self) -> int:
-        return self.target.n_ctx
-
     # -- following the target -------------------------------------------------------------------
 
-    def activate(self, on: bool) -> None:
-        """Follow the target's decodes (on) or not: the target outputs its hidden states only while followed."""
-        if on != self.active:
-            self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)  # unmasked: a row per batch token
-            self.active = on
+    def _follow(self, on: bool) -> None:
+        self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)  # its hidden states, a row per batch token
 
     def ready(self, n_past: int) -> bool:
         """Whether a draft can start at position n_past (this context holds the target's n_past positions)."""
@@ -214,21 +243,6 @@ class MtpHead(Closing):
         start = time.perf_counter()
         decode_failed(C.llama_decode(self._ctx, self._batch.batch), m, self.n_past, self.target.n_ctx)
         self.seconds[kind] += time.perf_counter() - start
-
-    # -- lifetime -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        if getattr(self, "_batch", None) is not None:
-            self._batch.free()
-        target = getattr(self, "target", None)
-        if target is not None and self in target.followers:
-            target.followers.remove(self)
-            if target._ctx and self.active:
-                self.X.llama_set_embeddings_nextn(target._ctx, False, False)
-        if getattr(self, "_ctx", None):
-            C.llama_free(self._ctx)
-            self._ctx = None
-
 
 def follower_context(target, model, what: str, *, mtp: bool = False, n_threads: int | None = None):
     """A llama.cpp context on `model` beside the target Context `target` (its n_ctx, batch, threads, flash attention;

@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
-from .heads import ROW_WINDOW, RowBatch, ext, follower_context
-from .runtime import C, Closing, decode_failed
+from .heads import ROW_WINDOW, Follower, RowBatch, ext, follower_context
+from .runtime import C, decode_failed
 
 EAGLE3_LAYERS = 3  # target layers an EAGLE-3 draft reads (llama.cpp refuses any other count)
 
@@ -160,10 +160,11 @@ def layer_rows(follower, m: int) -> list[np.ndarray]:
             for lid in follower.layer_ids]
 
 
-class Eagle3Head(Closing):
+class Eagle3Head(Follower):
     """An EAGLE-3 draft on its own context, following the target Context `target` (see the module)."""
 
     name = "eagle3"
+    _batches = ("_dec", "_enc")
 
     def __init__(self, target, draft_model, *, n_threads: int | None = None):
         self.layer_ids = check_eagle3(target.model, draft_model)
@@ -196,17 +197,10 @@ class Eagle3Head(Closing):
         self.rows_fed = 0
         target.followers.append(self)
 
-    @property
-    def n_ctx(self) -> int:
-        return self.target.n_ctx
-
     # -- following the target -------------------------------------------------------------------
 
-    def activate(self, on: bool) -> None:
-        """Follow the target's decodes (on) or not: the target outputs the layers' inputs only while followed."""
-        if on != self.active:
-            extract_layers(self, on)
-            self.active = on
+    def _follow(self, on: bool) -> None:
+        extract_layers(self, on)  # the inputs of the layers this draft reads
 
     def ready(self, n_past: int) -> bool:
         """Whether a draft can start at position n_past (the pair at n_past - 1 is the deferred one)."""
@@ -324,18 +318,3 @@ class Eagle3Head(Closing):
         began = time.perf_counter()
         decode_failed(C.llama_decode(self._ctx, self._dec.batch), n, self.n_draft, self.target.n_ctx)
         self.seconds[kind] += time.perf_counter() - began
-
-    # -- lifetime -----------------------------------------------------------------------------
-
-    def close(self) -> None:
-        for batch in (getattr(self, "_dec", None), getattr(self, "_enc", None)):
-            if batch is not None:
-                batch.free()
-        target = getattr(self, "target", None)
-        if target is not None and self in target.followers:
-            target.followers.remove(self)
-            if target._ctx and self.active:
-                extract_layers(self, False)
-        if getattr(self, "_ctx", None):
-            C.llama_free(self._ctx)
-            self._ctx = None
