@@ -39,6 +39,27 @@ def speculative_simple_counts(ctx, head, prompt_tokens: list[int], n_predict: in
     return drafted, accepted, history[len(prompt_tokens):]
 
 
+
+def run_with(ctx, head, prompt: str, draft_max: int, n: int = 48, **kw) -> tuple[int, int, list[int]]:
+    """speculative_simple_counts on a prompt's text, with `head` the one follower of ctx that follows (turning one
+    off keeps the rows the next reads) and None: target-only rounds."""
+    for other in ctx.followers:
+        other.activate(other is head)
+    return speculative_simple_counts(ctx, head, ctx.model.tokenize(prompt), n, draft_max, **kw)
+
+
+def assert_counts_equal_llama_cpps(ctx, head, target_file, draft_file, prompt: str, draft_max: int, spec_type: str,
+                                   n_ctx: int, n: int = 48) -> None:
+    """The head's drafted and accepted counts in speculative-simple's order equal llama-speculative-simple's with
+    --spec-type spec_type on the same files, prompt and lengths (some drafts rejected: rewinds compared too)."""
+    from ggufspec.bench.reference import speculative_simple
+
+    theirs = speculative_simple(reference_bin().parent, target_file, draft_file, prompt, n, ctx.n_threads, n_ctx,
+                                draft_max, spec_type)
+    drafted, accepted, _ = run_with(ctx, head, prompt, draft_max, n)
+    assert 0 < theirs["n_accepted"] < theirs["n_drafted"]
+    assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
+
 def reference_bin(program: str = "llama-speculative-simple") -> Path:
     """A program of the llama.cpp this llama-cpp-python wraps, from ../shared/tools/llama-cpp-reference's build
     (LLAMA_CPP_REFERENCE_BIN, else its default cache): skipped where absent, failed where CI requires it."""

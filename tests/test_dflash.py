@@ -11,7 +11,7 @@ from ggufspec.errors import GGUFSpecError
 from ggufspec.llama.backend import Context, Model
 from ggufspec.llama.dflash import DflashHead
 from ggufspec.verification import Verification
-from spec_order import reference_bin, speculative_simple_counts
+from spec_order import assert_counts_equal_llama_cpps, run_with
 from tiny_hidden import read_target, write_tiny_dflash, write_tiny_target
 
 PROMPTS = ["def fib(n):", "The quick brown fox"]
@@ -45,24 +45,11 @@ def heads(files, target):
         models[k].close()
 
 
-def run_with(ctx, head, prompt, draft_max, n=48, **kw):
-    for other in ctx.followers:  # one head follows at a time
-        other.activate(other is head)
-    return speculative_simple_counts(ctx, head, ctx.model.tokenize(prompt), n, draft_max, **kw)
-
-
 @pytest.mark.parametrize("draft_max", [1, 3, 7])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_accepted_counts_equal_llama_cpps_draft_dflash(files, target, heads, prompt, draft_max):
-    from ggufspec.bench.reference import speculative_simple
-
-    program = reference_bin()
-    n = 48
-    theirs = speculative_simple(program.parent, files["target"], files["dflash"], prompt, n, target.n_threads,
-                                N_CTX, draft_max, "draft-dflash")
-    drafted, accepted, _ = run_with(target, heads["dflash"], prompt, draft_max, n)
-    assert 0 < theirs["n_accepted"] < theirs["n_drafted"]  # some drafts rejected: the rewinds are compared too
-    assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
+    assert_counts_equal_llama_cpps(target, heads["dflash"], files["target"], files["dflash"], prompt, draft_max,
+                                   "draft-dflash", N_CTX)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "final"])

@@ -9,7 +9,7 @@ from ggufspec.errors import GGUFSpecError
 from ggufspec.llama.backend import Context, Model
 from ggufspec.llama.hidden import Eagle3Head
 from ggufspec.verification import Verification
-from spec_order import reference_bin, speculative_simple_counts
+from spec_order import assert_counts_equal_llama_cpps, run_with
 from tiny_hidden import read_target, write_tiny_eagle3, write_tiny_target
 
 PROMPTS = ["def fib(n):", "The quick brown fox"]
@@ -43,24 +43,11 @@ def heads(files, target):
         models[k].close()
 
 
-def run_with(ctx, head, prompt, draft_max, n=48, **kw):
-    for other in ctx.followers:  # one head follows at a time; turning one off keeps the rows the next reads
-        other.activate(other is head)
-    return speculative_simple_counts(ctx, head, ctx.model.tokenize(prompt), n, draft_max, **kw)
-
-
 @pytest.mark.parametrize("draft_max", [1, 2, 3, 4])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_accepted_counts_equal_llama_cpps_draft_eagle3(files, target, heads, prompt, draft_max):
-    from ggufspec.bench.reference import speculative_simple
-
-    program = reference_bin()
-    n = 48
-    theirs = speculative_simple(program.parent, files["target"], files["eagle3"], prompt, n, target.n_threads,
-                                N_CTX, draft_max, "draft-eagle3")
-    drafted, accepted, _ = run_with(target, heads["eagle3"], prompt, draft_max, n)
-    assert 0 < theirs["n_accepted"] < theirs["n_drafted"]  # some drafts rejected: the rewinds are compared too
-    assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
+    assert_counts_equal_llama_cpps(target, heads["eagle3"], files["target"], files["eagle3"], prompt, draft_max,
+                                   "draft-eagle3", N_CTX)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "final", "shared"])
