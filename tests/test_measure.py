@@ -202,3 +202,23 @@ def test_a_cost_cache_that_cannot_be_written_is_named(tiny, tmp_path, monkeypatc
     assert "cannot be written (Not a directory)" in run("doctor").output
     r = run("costs", "-m", tiny["target"], "-c", 64)
     assert r.exit_code == 0 and r.stderr.count("cannot write the cost cache") == 1, r.output
+
+
+def test_a_table_from_a_busier_moment_is_measured_again(tiny, capfd):
+    """A table cached while the machine was busy (here: every batch 500 ms, where the tiny target decodes in well
+    under a millisecond) would put auto's choices and every footer's figures off by that factor: at load a few
+    one-token steps are timed, and a table off by 1.5x or more is measured again, the draft's step too, and cached."""
+    from ggufspec.llama import measure
+
+    first, n = measured(tiny)
+    assert n == 1
+    cache = measure.load_cache()
+    (key,) = [k for k in cache if not measure.is_step_key(k)]
+    cache[key]["target_batch_seconds"] = [0.5] * len(cache[key]["target_batch_seconds"])
+    measure._save_cache(cache)
+    capfd.readouterr()
+    again, n = measured(tiny)
+    assert n == 1 and again.target_batch_seconds[0] < 0.01
+    assert "measuring them again" in capfd.readouterr().err
+    assert measure.load_cache()[key]["target_batch_seconds"][0] < 0.01
+    assert measured(tiny)[1] == 0  # as measured now: used as it is

@@ -185,6 +185,37 @@ def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
     return entry, ok
 
 
+MOVED = 1.5  # a one-token step this many times faster or slower than the cached table's: measured again
+
+
+def step_now(ctx: Context, n: int = 3) -> float:
+    """The one-token step as it runs now: the fastest of n, after one warm-up decode (a second or so for a
+    7B target on a CPU). Leaves the KV cache empty."""
+    tokens = _probe_tokens(ctx, 5 + n)
+    ctx.clear()
+    ctx.decode(tokens[:4], logits="none")
+    ctx.decode(tokens[4:5])
+    best = float("inf")
+    for x in tokens[5:]:
+        start = time.perf_counter()
+        ctx.decode([x])
+        best = min(best, time.perf_counter() - start)
+    ctx.clear()
+    return best
+
+
+def moved(entry: dict, ctx: Context) -> bool:
+    """Whether this machine now decodes at another speed than the cached table says (by MOVED or more, and by
+    more than NOISE): a table measured while something else ran, or before a change of clocks or power
+    settings, would misplace auto's choices and every footer's figures; warns, and the caller measures again."""
+    cached, now = entry["target_batch_seconds"][0], step_now(ctx)
+    if abs(now - cached) <= NOISE or 1 / MOVED < now / cached < MOVED:
+        return False
+    warn(f"ggufspec: {ctx.model.path.name}: a step takes {now * 1e3:.1f} ms now, {cached * 1e3:.1f} ms when its "
+         "costs were measured (the machine was busier or freer then): measuring them again")
+    return True
+
+
 def is_current(key: str) -> bool:
     """Whether this version would read the entry under `key` today: its format, and its file as it was measured."""
     parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id[|draft]
@@ -330,7 +361,9 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
     # absent, damaged by hand or by another version, or too short for this context: measure again
-    if not (valid_target_entry(entry) and serves(entry, target)):
+    if valid_target_entry(entry) and serves(entry, target) and moved(entry, target):
+        refresh = True  # the machine runs at another speed than when this was measured: the draft's too
+    if refresh or not (valid_target_entry(entry) and serves(entry, target)):
         entry, keep = measure_target_sanely(target)
         if keep:
             new[tkey] = entry
