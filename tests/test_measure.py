@@ -222,3 +222,22 @@ def test_a_table_from_a_busier_moment_is_measured_again(tiny, capfd):
     assert "measuring them again" in capfd.readouterr().err
     assert measure.load_cache()[key]["target_batch_seconds"][0] < 0.01
     assert measured(tiny)[1] == 0  # as measured now: used as it is
+
+
+def test_a_draft_step_from_a_busier_moment_is_measured_again(tiny, capfd):
+    from ggufspec.llama import measure
+    from ggufspec.llama.backend import Context, Model
+
+    def draft_step():
+        with Model(tiny["target"]) as t, Context(t, n_ctx=128) as tc, Model(tiny["close"]) as d, \
+                Context(d, n_ctx=128) as dc:
+            return measure.costs_for(tc, dc).draft_token_seconds
+
+    assert draft_step() < 0.01
+    cache = measure.load_cache()
+    (key,) = [k for k in cache if k.endswith("|draft")]
+    cache[key]["token_seconds"] = 0.5
+    measure._save_cache(cache)
+    capfd.readouterr()
+    assert draft_step() < 0.01 and "measuring them again" in capfd.readouterr().err
+    assert measure.load_cache()[key]["token_seconds"] < 0.01

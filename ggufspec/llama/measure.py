@@ -204,11 +204,11 @@ def step_now(ctx: Context, n: int = 3) -> float:
     return best
 
 
-def moved(entry: dict, ctx: Context) -> bool:
-    """Whether this machine now decodes at another speed than the cached table says (by MOVED or more, and by
+def moved(cached: float, ctx: Context) -> bool:
+    """Whether this model now decodes a token in another time than the `cached` seconds (by MOVED or more, and by
     more than NOISE): a table measured while something else ran, or before a change of clocks or power
     settings, would misplace auto's choices and every footer's figures; warns, and the caller measures again."""
-    cached, now = entry["target_batch_seconds"][0], step_now(ctx)
+    now = step_now(ctx)
     if abs(now - cached) <= NOISE or 1 / MOVED < now / cached < MOVED:
         return False
     warn(f"ggufspec: {ctx.model.path.name}: a step takes {now * 1e3:.1f} ms now, {cached * 1e3:.1f} ms when its "
@@ -361,7 +361,7 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
     # absent, damaged by hand or by another version, or too short for this context: measure again
-    if valid_target_entry(entry) and serves(entry, target) and moved(entry, target):
+    if valid_target_entry(entry) and serves(entry, target) and moved(entry["target_batch_seconds"][0], target):
         refresh = True  # the machine runs at another speed than when this was measured: the draft's too
     if refresh or not (valid_target_entry(entry) and serves(entry, target)):
         entry, keep = measure_target_sanely(target)
@@ -371,7 +371,7 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     if draft is not None:
         dkey = _key(draft) + "|draft"
         d = None if refresh else cache.get(dkey)
-        if not valid_draft_entry(d):
+        if not valid_draft_entry(d) or moved(d["token_seconds"], draft):
             d = {"token_seconds": measure_draft_step(draft), "machine": machine()["summary"]}
             new[dkey] = d
         draft_seconds = d["token_seconds"]
