@@ -201,15 +201,24 @@ class LookupDrafter(Drafter):
 
     name = "lookup"
 
-    def __init__(self, ngram_max: int = 4, ngram_min: int = 2, candidates: int = 8, reach: int = 32):
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2, candidates: int = 8, reach: int = 32,
+                 ends: np.ndarray | None = None):
         # a 1-gram match predicts little
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.candidates, self.reach = candidates, reach
+        # ends[t]: a copy stops before token t (the target's control tokens: a chat template's markers and ends of
+        # generation, which an answer copying the prompt's text does not copy; a 15-token draft of
+        # `<|im_end|>\n<|im_start|>assistant...` at the end of a copied function cost a batch of 16 for one token)
+        self.ends = ends
         self.reset([])
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self._index: list[dict[tuple, list[int]]] = [dict() for _ in range(self.ngram_max + 1)]
         self._indexed_to = 0  # n-grams ending before this position are in the index
+        # An edit's renames, learned where a long copy broke at one token (`match`): the copied place's token ->
+        # the one the text wrote instead. Later copies draft the new one (a rename recurs: `return config` after
+        # `config[key] = ...` became `settings[key] = ...`); a wrong guess costs only a rejected draft token.
+        self.renames: dict[int, int] = {}
 
     def _extend_index(self, history: list[int]) -> None:
         # Index n-grams ending at positions < len(history) - 1, so the current suffix never finds itself.
@@ -253,8 +262,16 @@ class LookupDrafter(Drafter):
                 m = _run(history, j, last, self.reach)
                 if m >= 2 * self.ngram_max and m > best[0]:  # a long copy, broken by this one token
                     best = (m, j + 1)
+                    self.renames[history[j + 1]] = history[-1]
         m, j = best
-        return (list(history[j + 1 : j + 1 + draft_max]), m) if j >= 0 else ([], 0)
+        if j < 0:
+            return [], 0
+        renames, ends, copy = self.renames, self.ends, []
+        for t in history[j + 1 : j + 1 + draft_max]:
+            if ends is not None and t < len(ends) and ends[t]:
+                break
+            copy.append(renames.get(t, t))
+        return (copy, m) if copy else ([], 0)
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
                 *, noise: PositionNoise | None = None) -> Draft:

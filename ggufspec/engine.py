@@ -28,7 +28,7 @@ from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible
 from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
-from .drafters import HeadDrafter, ModelDrafter
+from .drafters import HeadDrafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
 from .llama.gguf_info import check_kv_cache_types, kv_cache_type
@@ -237,8 +237,9 @@ class Engine(Closing):
             s = replace(s, mode=self.file_head)  # -md named a head (mtp-*.gguf, an eagle3 or dflash draft): draft with it
         self._check_head(s.mode)
         heads = {name: HeadDrafter(head, p_min=s.draft_p_min or 0.0) for name, head in self.heads.items()}
+        lookup = LookupDrafter(ends=getattr(self.target_model, "control_mask", None))
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
-                                          lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
+                                          lookup=lookup, lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
         used = {HEAD_MODES.get(s.mode)} | set(getattr(drafter, "heads", {}))
         for name, head in sorted(self.heads.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay
             head.activate(name in used)  # a head follows the target only for generations that draft with it

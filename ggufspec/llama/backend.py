@@ -83,8 +83,10 @@ class Model(VocabFacts, Closing):
         self.n_layer = C.llama_model_n_layer(self._model)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog = np.zeros(self.n_vocab, dtype=bool)
+        self.control_mask = np.zeros(self.n_vocab, dtype=bool)  # template markers and ends of generation
         for t in range(self.n_vocab):
-            self._eog[t] = C.llama_vocab_is_eog(self._vocab, t)
+            self._eog[t] = eog = C.llama_vocab_is_eog(self._vocab, t)
+            self.control_mask[t] = eog or C.llama_vocab_is_control(self._vocab, t)
 
     def _params(self, n_gpu_layers: int, repack: bool, vocab_only: bool, devices: list[str] | None):
         """llama_model_params; what they point at is kept alive on self."""

@@ -402,6 +402,27 @@ def test_lookup_resumes_a_copy_right_after_a_renamed_token():
     block[25] = block[45] = old  # the name occurs three times
     prompt = [1, 2] + block + [3]
     answer = [99 if t == old else t for t in block]  # renamed: 99 wherever `old` was
-    assert _replay(LookupDrafter(), prompt, answer, 16) == (9, 50)  # was (13, 46): two more rounds at each later rename
+    # 8 rounds: the copy resumes right after each rename (13 rounds, 46 drafts accepted without it), and once the
+    # rename was seen breaking a long copy (its second occurrence) the third is drafted renamed (9 rounds without)
+    lookup = LookupDrafter()
+    assert _replay(lookup, prompt, answer, 16) == (8, 51) and lookup.renames == {old: 99}
+    at_third = prompt + answer[:40]
+    learned = LookupDrafter()
+    learned.renames = dict(lookup.renames)
+    assert learned.match(at_third, 8)[0] == answer[40:48] and LookupDrafter().match(at_third, 8)[0] == block[40:48]
     # the agreement counts the copy on both sides of the renamed token (4 + 19; was 4): auto reads a long copy
     assert LookupDrafter().match(prompt + answer[:30], 4) == (block[30:34], 23)
+
+
+def test_a_copy_stops_before_a_control_token():
+    """A copy of the prompt's last line would go on into the chat template (`<|im_end|>`, `<|im_start|>assistant`),
+    which the answer does not write: with the target's control tokens as `ends`, the draft stops before them."""
+    import numpy as np
+
+    ends = np.zeros(100, dtype=bool)
+    ends[[3, 4]] = True
+    prompt = [1, 2] + list(range(10, 30)) + [3, 4, 5]  # the user's text, then the template's markers
+    history = prompt + list(range(10, 26))
+    assert LookupDrafter().match(history, 8)[0] == [26, 27, 28, 29, 3, 4, 5, 10]
+    assert LookupDrafter(ends=ends).match(history, 8)[0] == [26, 27, 28, 29]
+    assert LookupDrafter(ends=ends).match(prompt + list(range(10, 30)), 8) == ([], 0)  # nothing before the marker
