@@ -188,27 +188,11 @@ def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
 MOVED = 1.5  # a one-token step this many times faster or slower than the cached table's: measured again
 
 
-def step_now(ctx: Context, n: int = 3) -> float:
-    """The one-token step as it runs now: the fastest of n, after one warm-up decode (a second or so for a
-    7B target on a CPU). Leaves the KV cache empty."""
-    tokens = _probe_tokens(ctx, 5 + n)
-    ctx.clear()
-    ctx.decode(tokens[:4], logits="none")
-    ctx.decode(tokens[4:5])
-    best = float("inf")
-    for x in tokens[5:]:
-        start = time.perf_counter()
-        ctx.decode([x])
-        best = min(best, time.perf_counter() - start)
-    ctx.clear()
-    return best
-
-
 def moved(cached: float, ctx: Context) -> bool:
     """Whether this model now decodes a token in another time than the `cached` seconds (by MOVED or more, and by
     more than NOISE): a table measured while something else ran, or before a change of clocks or power
     settings, would misplace auto's choices and every footer's figures; warns, and the caller measures again."""
-    now = step_now(ctx)
+    now = measure_draft_step(ctx, n=3, repeats=1)  # the one-token step, timed afresh (as measure_target_sanely does)
     if abs(now - cached) <= NOISE or 1 / MOVED < now / cached < MOVED:
         return False
     warn(f"ggufspec: {ctx.model.path.name}: a step takes {now * 1e3:.1f} ms now, {cached * 1e3:.1f} ms when its "
