@@ -22,7 +22,8 @@ from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
 from .llama.gguf_info import read_info
 from .llama.dflash import DflashHead
-from .llama.heads import MtpHead, check_mtp, is_mtp_file
+from .llama.draft_fit import is_mtp_file, mtp_file_misfit
+from .llama.heads import MtpHead, check_mtp
 from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose, warn_once
@@ -107,6 +108,9 @@ class Engine(Closing):
         MTP head, where it has MTP layers."""
         info = read_info(draft) if draft is not None else None
         if info is not None and is_mtp_file(info):  # a sibling mtp-*.gguf: the target's MTP layers
+            misfit = mtp_file_misfit(self.target_model.info, info)
+            if misfit:  # llama.cpp would load them and assert (or read past its rows) at the first draft
+                raise GGUFSpecError(f"{draft}: {misfit}: give the mtp-*.gguf written beside {self.target_model.path.name}")
             self.mtp_model = Model(draft, n_gpu_layers=n_gpu_layers, role="MTP layers", devices=devices, mtp=True)
             check_compatible(self.target_model, self.mtp_model)
             self.file_head, draft = "mtp", None

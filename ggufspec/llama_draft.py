@@ -70,6 +70,7 @@ class GGUFDraftModel(LlamaDraftModel):
             raise GGUFSpecError(f"mode {mode!r} needs a draft model (a .gguf path or a registry name)")
         self.mode, self.wanted, self.num_pred_tokens, self._exact = mode, num_pred_tokens, num_pred_tokens, exact
         self.model = self.ctx = None
+        self._closed = False
         reg = load_registry(registry)
         target_path = resolve_model(str(target), reg, offline=offline) if target is not None else None
         if target_path is not None and read_info(target_path).keeps_state:  # refused from its header, before it loads
@@ -105,6 +106,8 @@ class GGUFDraftModel(LlamaDraftModel):
         from .llama.compat import check_compatible
         from .llama.measure import costs_for
 
+        if self._closed:  # its model and context were freed: nothing could draft, and measuring would use none
+            raise GGUFSpecError("GGUFDraftModel: this draft was closed; make a new one to attach")
         if self._attached is llama:
             return
         target = LlamaModel(llama)
@@ -135,7 +138,7 @@ class GGUFDraftModel(LlamaDraftModel):
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         if self._attached is None:
             raise GGUFSpecError("GGUFDraftModel: call draft.attach(llm) with the Llama it drafts for before generating")
-        if self.mode != "lookup" and self.ctx is None:  # its model was freed: drafting with it would crash llama.cpp
+        if self._closed:  # its model was freed: drafting with it would crash llama.cpp
             raise GGUFSpecError("GGUFDraftModel: this draft was closed; make a new one (and attach it) to draft again")
         history = [int(x) for x in input_ids]
         if history[: len(self._history)] == self._history and self._history:
@@ -185,6 +188,7 @@ class GGUFDraftModel(LlamaDraftModel):
         return self.stats["accepted"] / self.stats["drafted"] if self.stats["drafted"] else 0.0
 
     def close(self) -> None:
+        self._closed = True
         for name in ("ctx", "model"):
             obj = getattr(self, name, None)
             if obj is not None:

@@ -19,6 +19,7 @@ from . import amx, system
 from .devices import descriptions, device_array, devices, share_elsewhere, software_vulkan, supports_gpu_offload
 from .overrides import BuftOverrides, cpu_buffer_type, expert_pattern
 from ..errors import ContextFullError, GGUFSpecError
+from .draft_fit import alone_misuse
 from .gguf_info import file_stamp, kv_cache_type, read_info
 from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut, fitted_rollback
@@ -197,6 +198,9 @@ class Context(Closing):
         """rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
         last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`), as many as the batch allows;
         cache_types: the KV cache's K and V types (llama.cpp's -ctk, -ctv)."""
+        misuse = alone_misuse(model.info)  # llama.cpp segfaults creating such a context, or decodes garbage
+        if misuse:
+            raise GGUFSpecError(f"{model.path}: {misuse}")
         self.model = model
         self.n_vocab = model.n_vocab
         n_threads = n_threads or default_threads()

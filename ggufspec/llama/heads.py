@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
+from .draft_fit import is_mtp_file  # noqa: F401 (where the engine and models.resolve look for it)
 from .runtime import C, Closing, buffers, create_context, decode_failed
 
 # The target's hidden-state rows kept for rewinds: a rewind goes back at most into the last round's batches
@@ -39,12 +40,6 @@ def check_mtp_file(path) -> int:
     from .gguf_info import read_info
 
     return _mtp_blocks(path, read_info(path))
-
-
-def is_mtp_file(info) -> bool:
-    """Whether a GGUF holds MTP layers alone (llama.cpp's converter with --mtp writes such an `mtp-*.gguf` beside
-    a trunk-only model): MTP blocks and no trunk (llama.cpp's loader tells them so, by a missing blk.0.attn_norm)."""
-    return bool(info.n_nextn) and not any(t.name == "blk.0.attn_norm.weight" for t in info.tensors)
 
 
 def check_mtp(model) -> int:

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
+from .draft_fit import hidden_state_misfit
 from .heads import ROW_WINDOW, Follower, RowBatch, ext, follower_context
 from .runtime import C, decode_failed
 
@@ -103,23 +104,21 @@ def check_eagle3(target_model, draft_model) -> list[int]:
         raise GGUFSpecError(f"{draft_model.path}: is not an EAGLE-3 draft (architecture {arch}, "
                             f"{len(ids)} target layers read; EAGLE-3 reads {EAGLE3_LAYERS}); give an eagle3 GGUF with -md")
     check_layer_ids(target_model, draft_model, ids, "eagle3.target_hidden_size")
-    if draft_model.n_vocab != target_model.n_vocab:
-        raise GGUFSpecError(f"{draft_model.path}: its vocabulary has {draft_model.n_vocab} tokens, "
-                            f"{target_model.path}'s {target_model.n_vocab}: an EAGLE-3 draft takes its target's")
     return ids
 
 
 def check_layer_ids(target_model, draft_model, ids: list[int], width_key: str) -> None:
-    """One clear line where a draft reads target layers the target lacks, or hidden states of another width."""
-    n_layer = int(C.llama_model_n_layer(target_model._model))
-    beyond = [i for i in ids if not 0 <= i <= n_layer]
-    if beyond:
-        raise GGUFSpecError(f"{draft_model.path}: reads target layer {beyond[0]}, but {target_model.path} has "
-                            f"{n_layer} layers: this draft was made for another target model")
-    width, n_embd = draft_model.meta(width_key), int(C.llama_model_n_embd(target_model._model))
-    if width is not None and int(width) != n_embd:
-        raise GGUFSpecError(f"{draft_model.path}: reads hidden states of width {width}, but {target_model.path}'s "
-                            f"are {n_embd} wide: this draft was made for another target model")
+    """One clear line where a draft reads a target's hidden states that this target cannot give: an architecture
+    whose graph hides its layer inputs, layers the target lacks, hidden states of another width (the header's
+    `width_key` and the `fc` tensor's shape), another vocabulary (`draft_fit.hidden_state_misfit`, the check
+    `drafts` and `models check` make)."""
+    misfit = hidden_state_misfit(target_model.info, draft_model.info)
+    width = draft_model.meta(width_key)
+    n_embd = int(C.llama_model_n_embd(target_model._model))
+    if not misfit and width is not None and int(width) != n_embd:
+        misfit = f"reads hidden states {width} wide; the target's are {n_embd}: made for another target"
+    if misfit:
+        raise GGUFSpecError(f"{draft_model.path} cannot draft for {target_model.path}: {misfit}")
 
 
 def check_target_on_host(target_model, draft_model, what: str) -> None:

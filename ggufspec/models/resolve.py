@@ -200,7 +200,8 @@ def listing(registry=None) -> dict:
                "checked": s.checked}
               for n, s in reg.models.items()]
     pairs = [{"name": n, "default": n == reg.default_pair, "target": p.target, "draft": p.draft,
-              "mode": p.settings.get("mode"), "ready": all(where.get(m.name) for m in reg.models_of(n)),
+              "mode": p.settings.get("mode"), "ready": all(where.get(m.name) for m in reg.models_of(n))
+              and all(Path(m).is_file() for m in (p.target, p.draft) if m and reg.is_file_member(m)),
               "checked": all(m.checked for m in reg.models_of(n)), "draft_max": p.settings.get("draft_max"),
               "note": p.note} for n, p in reg.pairs.items()]
     return {"pairs": pairs, "models": models, "models_dir": str(models_dir()), "registries": list(reg.sources)}
@@ -242,6 +243,8 @@ def check_pair(target: str, draft: str | None = None, registry=None) -> str:
     pair's name (its target and draft), or a model checked for MTP layers of its own to draft with."""
     from ..llama.backend import Model
     from ..llama.compat import check_compatible
+    from ..llama.draft_fit import alone_misuse, is_mtp_file, mtp_file_misfit
+    from ..llama.gguf_info import read_info
     from ..llama.heads import check_mtp_file
 
     reg = load_registry(registry)
@@ -250,13 +253,25 @@ def check_pair(target: str, draft: str | None = None, registry=None) -> str:
         target, draft = pair.target, pair.draft
     target_path = local_model(target, reg)
     draft_path = local_model(draft, reg) if draft else None
+    target_info = read_info(target_path)
+    misuse = alone_misuse(target_info)
+    if misuse:  # a draft-only file named as the target
+        raise GGUFSpecError(f"{target_path}: {misuse}")
     if draft_path is None:
         n = check_mtp_file(target_path)
         return f"{target_path.name} carries {n} MTP layer{'s' if n > 1 else ''} of its own to draft with (--mode mtp)"
+    draft_info = read_info(draft_path)
+    if is_mtp_file(draft_info):
+        misfit = mtp_file_misfit(target_info, draft_info)
+        if misfit:
+            raise GGUFSpecError(f"{draft_path.name} cannot draft for {target_path.name}: {misfit}")
     with Model(target_path, role="target", vocab_only=True) as t, Model(draft_path, role="draft", vocab_only=True) as d:
         if d.info.architecture in ("eagle3", "dflash"):
             return _check_hidden_draft(t.path, d.path)
         check_compatible(t, d)
+        if is_mtp_file(d.info):
+            return (f"compatible: {d.path.name} holds the MTP layers of {t.path.name} ({d.info.n_nextn} block"
+                    f"{'s' if d.info.n_nextn > 1 else ''}): use -md {d.path.name} --mode mtp")
         for m in (t, d):  # a vocabulary that fits is not yet a model that loads: load each (mapped, not copied)
             Model(m.path, role=m.role, repack=False).close()
         mtp = t.info.n_nextn
