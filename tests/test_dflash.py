@@ -97,7 +97,7 @@ def test_the_head_follows_the_targets_rewinds(target, heads):
 
 def test_drafts_it_cannot_drive_are_one_line(files, target, tmp_path):
     with Model(files["beyond"], role="draft") as draft:
-        with pytest.raises(GGUFSpecError, match=r"dflash-beyond.gguf: reads target layer 5, but .*target.gguf has 4 layers"):
+        with pytest.raises(GGUFSpecError, match=r"dflash-beyond.gguf cannot draft for .*target.gguf: reads target layer 5; the target has 4"):
             DflashHead(target, draft)
     with pytest.raises(GGUFSpecError, match="target.gguf: is not a DFlash draft"):
         DflashHead(target, target.model)

@@ -78,7 +78,7 @@ def test_the_head_follows_the_targets_rewinds(target, heads):
 
 def test_a_draft_for_another_target_is_one_line(files, target):
     with Model(files["beyond"], role="draft") as draft:
-        with pytest.raises(GGUFSpecError, match=r"eagle3-beyond.gguf: reads target layer 5, but .*target.gguf has 4 layers"):
+        with pytest.raises(GGUFSpecError, match=r"eagle3-beyond.gguf cannot draft for .*target.gguf: reads target layer 5; the target has 4"):
             Eagle3Head(target, draft)
     with pytest.raises(GGUFSpecError, match="target.gguf: is not an EAGLE-3 draft"):
         Eagle3Head(target, target.model)
