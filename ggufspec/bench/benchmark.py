@@ -30,8 +30,8 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
     load: a models.resolve.LoadOptions; its n_gpu_layers may be a list (a sweep: a row set per value).
     llama_cpp_bin: a folder with llama.cpp's llama-bench and llama-speculative-simple, for reference
     rows on the same work (greedy, fixed length). Ctrl-C keeps the finished runs (interrupted=True) and
-    llama.cpp's finished rows; a reference program that fails after ggufspec's runs leaves its row out, with
-    a line in meta["notes"].
+    llama.cpp's finished rows; a reference program that fails, before or after ggufspec's runs, leaves its row
+    out with a line in meta["notes"], and ggufspec's rows stand.
     """
     settings.validate()
     if outputs_dir:
@@ -103,7 +103,7 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
 
 def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress, notes: list):
     from ..models.resolve import merge_pair_settings, open_engine
-    from .reference import llama_bench, reference_rows
+    from .reference import llama_bench_before, reference_rows
 
     engine, pair_defaults = open_engine(load)
     with engine:
@@ -117,8 +117,10 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
         settings.validate()
         tokenized_prompts(engine, prompts, settings.max_tokens)  # every prompt fits, before anything runs
         depths = _reference_depths(engine, prompts, by) if llama_cpp_bin else {}
-        before = llama_bench(Path(llama_cpp_bin), engine.target_model.path, settings.max_tokens,
-                             engine.target_ctx.n_threads, tuple(depths.values())) if llama_cpp_bin else None
+        before = None  # llama-bench's results before the runs; where it fails, a note, and ggufspec's runs go on
+        if llama_cpp_bin:
+            before = llama_bench_before(Path(llama_cpp_bin), engine.target_model.path, settings.max_tokens,
+                                        engine.target_ctx.n_threads, tuple(depths.values()), notes.append)
         runs: list[Run] = []
         interrupted = False
         try:
@@ -131,7 +133,8 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
             if llama_cpp_bin and not interrupted:
                 groups, target_tps, texts = _reference_groups(engine, prompts, runs, by)
                 reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_lengths, target_tps,
-                               into=out, note=notes.append, llama_bench_before=before, depths=depths, target_texts=texts)
+                               into=out, note=notes.append, llama_bench_before=before,
+                               llama_bench_again=before is not None, depths=depths, target_texts=texts)
         except KeyboardInterrupt:
             interrupted = True
         if interrupted and partial_note(out):

@@ -100,7 +100,9 @@ def _parse_llama_bench(stdout: str, depths: tuple[int, ...]) -> dict[int, dict]:
         raise GGUFSpecError(f"llama-bench printed no JSON results (its output ends: {_last_line(stdout)!r})") from None
     missing = [d for d in depths if d not in found]
     if missing:
-        raise GGUFSpecError(f"llama-bench printed no result at depth {missing[0]} (too old for -d?)")
+        printed = f"depth {', '.join(map(str, sorted(found)))} only" if found else "no results"
+        raise GGUFSpecError(f"llama-bench printed no result at depth {missing[0]} ({printed}: too old for -d? build "
+                            f"the llama.cpp release llama-cpp-python is built from)")
     try:
         return {d: {"tokens_per_second": float(found[d]["avg_ts"]),
                     "tokens_per_second_sd": float(found[d].get("stddev_ts", 0))} for d in depths}
@@ -119,6 +121,17 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths:
     if code != 0:
         raise GGUFSpecError(f"llama-bench failed: {_last_line(err.decode('utf-8', 'replace'))}")
     return _parse_llama_bench(out.decode("utf-8", "replace"), depths)
+
+
+def llama_bench_before(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths: tuple[int, ...],
+                       note) -> dict[int, dict] | None:
+    """llama_bench() before ggufspec's runs; None, with one line through note(), where it fails: its row is then
+    left out and ggufspec's own rows still run (a reference that fails never costs them)."""
+    try:
+        return llama_bench(bin_dir, model, n_tokens, threads, depths)
+    except GGUFSpecError as e:
+        note(f"{e}; llama-bench's row is left out")
+        return None
 
 
 # llama.cpp's programs log through a thread of their own and may exit before it wrote the last lines (its
@@ -209,7 +222,7 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_tokens: int, draft_max: tuple[int, ...],
                    target_tps: dict[str, float | None], *, into: list, note=warn, llama_bench_before: dict | None = None,
-                   depths: dict[str, int] | None = None,
+                   llama_bench_again: bool = True, depths: dict[str, int] | None = None,
                    target_texts: dict[str, list[tuple[str, str | None]]] | None = None) -> list[dict]:
     """Rows shaped like bench rows, for llama.cpp's programs on the same work: per group of prompts
     (a suite, or "all"), speeds against that group's ggufspec target row. Each row is appended to `into` as it
@@ -219,6 +232,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     depths: per group, the cached tokens llama-bench generates after (the group's mean prompt length).
     llama_bench_before: llama-bench's results ({depth: ...}) taken before ggufspec's own runs; with the
     ones taken now they bracket them, so the row shows how much the machine drifted meanwhile.
+    llama_bench_again: False where llama-bench failed before the runs (its note given): it is not run again.
     target_texts: per group, (label, ggufspec's target-only text) of each prompt: speculative-simple's rows say
     whether its greedy text was the same (it decodes the last prompt token by itself, so at a near-tie
     it writes another text, and its speed is then on other work).
@@ -227,10 +241,11 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     target = engine.target_model.path
     threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
     depths = depths or {group: 0 for group in groups}
+    after = None
     try:
-        after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()))
+        if llama_bench_again:
+            after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()))
     except GGUFSpecError as e:
-        after = None
         note(f"{e}; llama-bench's row shows only its run before ggufspec's" if llama_bench_before else
              f"{e}; llama-bench's row is left out")
     configs = _speculative_configs(engine, draft_max)
