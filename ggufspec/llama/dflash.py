@@ -48,6 +48,11 @@ def check_dflash(target_model, draft_model) -> tuple[list[int], int, int]:
                             "tokens, so this draft drafts none")
     mask = int(C.llama_vocab_mask(C.llama_model_get_vocab(draft_model._model)))
     if not 0 <= mask < draft_model.n_vocab:
+        named = draft_model.meta("tokenizer.ggml.mask_token_id")  # llama.cpp drops an id past the vocabulary
+        if named is not None:
+            raise GGUFSpecError(f"{draft_model.path}: its mask token id {named} (tokenizer.ggml.mask_token_id) is past "
+                                f"the vocabulary's {draft_model.n_vocab} tokens, so it cannot fill a DFlash block: "
+                                "this file is broken; convert the draft again")
         raise GGUFSpecError(f"{draft_model.path}: names no mask token (tokenizer.ggml.mask_token_id), which a "
                             "DFlash draft fills its block with: this file is incomplete")
     if draft_model.n_vocab != target_model.n_vocab:
