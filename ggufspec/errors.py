@@ -29,13 +29,14 @@ def check_count(value, name: str, minimum: int) -> int:
 LAYERS_MAX = 2**31 - 1  # llama_model_params.n_gpu_layers is an int32_t: a larger count would wrap
 
 
-def check_layers(value, name: str) -> int:
-    """A layer count as llama.cpp takes it (-ngl, -ngld): a whole number from -1 (every layer) to LAYERS_MAX,
-    else one GGUFSpecError naming the setting; the CLI's flags and the API's settings share this rule."""
+def check_layers(value, name: str, every: str = "-1") -> int:
+    """A layer count as llama.cpp's library takes it (-ngl, -ngld): a whole number from -1 (every layer) to
+    LAYERS_MAX, else one GGUFSpecError naming the setting; the CLI's flags and the API's settings share this rule.
+    every: how the caller writes "every layer" (the API: -1; the CLI: 'all'), the advice for a count too large."""
     check_count(value, name, -1)
     if value > LAYERS_MAX:
         raise GGUFSpecError(f"{name} must be at most {LAYERS_MAX}, llama.cpp's largest layer count (got {value}); "
-                            "use 'all' (or -1) for every layer")
+                            f"use {every} for every layer")
     return value
 
 

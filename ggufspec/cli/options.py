@@ -42,10 +42,12 @@ class Layers(click.ParamType):
             n = int(value)
         except ValueError:
             self.fail(f"{value!r} is not a layer count, 'all' or 'auto'", param, ctx)
-        if n < 0:
-            self.fail(f"{n} is negative; use 'all' for every layer", param, ctx)
+        if n < 0:  # the library's -1 (every layer) is 'auto' to llama.cpp's programs: the CLI takes the words only
+            ambiguous = " (llama.cpp's programs read -1 as auto, its library as every layer)" if n == -1 else ""
+            self.fail(f"{n} is negative{ambiguous}; use 'all' for every layer or 'auto' to let the planner decide",
+                      param, ctx)
         try:
-            return check_layers(n, "a layer count")
+            return check_layers(n, "a layer count", every="'all'")
         except GGUFSpecError as e:
             self.fail(str(e), param, ctx)
 
