@@ -10,10 +10,12 @@
     python scripts/install.py --vulkan --apt   # ... and first apt-get the Debian/Ubuntu packages it needs
 
 Without CMAKE_ARGS the backend is picked from what is found here (`choose_backend`): CUDA where nvcc (on PATH,
-in $CUDA_HOME or /usr/local/cuda) and an NVIDIA driver are, ROCm/HIP where hipcc and /dev/kfd are, Metal on
-Apple silicon, Vulkan where the loader, its headers, glslc and glslangValidator and a GPU (/dev/dri/renderD*)
-are, else the CPU; one line says which, why, and how to choose otherwise. A toolkit without a driver
-(a CUDA image on a machine with no GPU) builds for the CPU: a GPU build there would not load.
+in $CUDA_HOME or /usr/local/cuda) runs (`nvcc --version`) and the NVIDIA driver's library (libcuda.so.1) loads
+and answers, ROCm/HIP where hipcc and /dev/kfd are, Metal on Apple silicon, Vulkan where the loader, its
+headers, glslc and glslangValidator and a GPU (/dev/dri/renderD*) are, else the CPU; one line says which, why,
+and how to choose otherwise. A toolkit without a driver (a CUDA image on a machine with no GPU) builds for the
+CPU: a GPU build there would not load. --cpu or --vulkan with CMAKE_ARGS that turn on another backend
+(-DGGML_CUDA=on, ...) is refused in one line: give one or the other.
 
 --vulkan needs the Vulkan loader, glslc and Vulkan headers of 1.3.287 or later (llama.cpp's ggml-vulkan.cpp
 does not compile against older Vulkan-Hpp headers, such as Debian 12's 1.3.239). Where the system's are
@@ -65,11 +67,37 @@ class Backend:
         return f"install.py: building llama.cpp for {name}: {self.why}; to choose otherwise use {other}"
 
 
+def runs(program: str | None) -> bool:
+    """Whether `program --version` runs and exits 0 (a toolkit's compiler that is there but broken does not)."""
+    if not program:
+        return False
+    try:
+        return subprocess.run([program, "--version"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def cuda_driver(find_library=ctypes.util.find_library, load_library=ctypes.CDLL) -> str | None:
+    """The NVIDIA driver's library a CUDA build loads (libcuda.so.1), where one here loads and answers
+    cuDriverGetVersion (a toolkit's stub, or a stray file of that name, does not): its name, else None."""
+    names = [find_library("cuda")] + [str(Path(d) / "libcuda.so.1")
+                                      for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    for name in filter(None, names):
+        version = ctypes.c_int(0)
+        try:
+            if load_library(name).cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
+                return name
+        except (OSError, AttributeError):  # not a library, or not the driver's
+            continue
+    return None
+
+
 def found_here(path: str | None = None, *, cuda_roots=None, rocm_roots=("/opt/rocm",), dev: Path = Path("/dev"),
-               find_library=ctypes.util.find_library, include: Path | None = None, system: str | None = None,
-               machine: str | None = None) -> dict:
+               find_library=ctypes.util.find_library, load_library=ctypes.CDLL, include: Path | None = None,
+               system: str | None = None, machine: str | None = None) -> dict:
     """What decides the backend, looked up here: the tools on `path` (default: $PATH) or in the toolkits' usual
-    folders, the GPU drivers' devices under `dev`, the Vulkan loader and headers, the platform."""
+    folders (nvcc run once), the NVIDIA driver's library, the AMD GPU's device under `dev`, the Vulkan loader and
+    headers, the platform."""
     def which(name: str, roots=()) -> str | None:
         return shutil.which(name, path=path) or next(
             (str(Path(r) / "bin" / name) for r in roots if r and os.access(Path(r) / "bin" / name, os.X_OK)), None)
@@ -77,11 +105,11 @@ def found_here(path: str | None = None, *, cuda_roots=None, rocm_roots=("/opt/ro
     if cuda_roots is None:
         cuda_roots = (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")
     render = dev / "dri"
+    nvcc = which("nvcc", cuda_roots)
     return {
         "system": system or sys.platform, "machine": machine or platform.machine(),
-        "nvcc": which("nvcc", cuda_roots),
-        "nvidia_driver": bool(find_library("cuda")) or (dev / "nvidia0").exists() or any(
-            (Path(d) / "libcuda.so.1").exists() for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d),
+        "nvcc": nvcc, "nvcc_runs": runs(nvcc),
+        "nvidia_driver": cuda_driver(find_library, load_library),
         "hipcc": which("hipcc", rocm_roots), "amd_driver": (dev / "kfd").exists(),
         "glslc": which("glslc"), "glslang": which("glslangValidator"),
         "vulkan_loader": bool(find_library("vulkan")),
@@ -97,8 +125,9 @@ def choose_backend(found: dict, *, vulkan: bool = False, cpu: bool = False) -> B
         return Backend("CPU", "", "--cpu was given")
     if vulkan:
         return Backend("Vulkan", "-DGGML_VULKAN=on", "--vulkan was given")
-    if found["nvcc"] and found["nvidia_driver"]:
-        return Backend("CUDA", "-DGGML_CUDA=on", f"nvcc found at {found['nvcc']}, and an NVIDIA driver")
+    if found["nvcc_runs"] and found["nvidia_driver"]:
+        return Backend("CUDA", "-DGGML_CUDA=on",
+                       f"nvcc found at {found['nvcc']}, and the NVIDIA driver ({found['nvidia_driver']})")
     if found["hipcc"] and found["amd_driver"]:
         return Backend("ROCm/HIP", "-DGGML_HIP=on", f"hipcc found at {found['hipcc']}, and an AMD GPU (/dev/kfd)")
     if found["system"] == "darwin" and found["machine"] == "arm64":
@@ -108,8 +137,10 @@ def choose_backend(found: dict, *, vulkan: bool = False, cpu: bool = False) -> B
         return Backend("Vulkan", "-DGGML_VULKAN=on",
                        f"the Vulkan loader, headers (1.3.{found['vulkan_headers']}), glslc and a GPU (/dev/dri) were found")
     seen = [f"{tool} at {found[tool]} but no {driver}" for tool, driver in
-            (("nvcc", "NVIDIA driver (libcuda): a CUDA build would not load here"), ("hipcc", "AMD GPU (/dev/kfd)"))
-            if found[tool]]
+            (("nvcc", "NVIDIA driver (libcuda.so.1): a CUDA build would not load here"), ("hipcc", "AMD GPU (/dev/kfd)"))
+            if found[tool] and (tool != "nvcc" or found["nvcc_runs"])]
+    if found["nvcc"] and not found["nvcc_runs"]:
+        seen.insert(0, f"nvcc at {found['nvcc']}, which does not run (`nvcc --version` failed)")
     if all(vulkan_parts) and not found["render_node"]:
         seen.append("Vulkan's loader, headers and glslc but no GPU (/dev/dri/renderD*)")
     why = "found " + "; ".join(seen) if seen else "no nvcc, hipcc, Apple silicon or Vulkan loader+headers+glslc found"
@@ -220,6 +251,20 @@ def vulkan_args(apt: bool, dry: bool = False) -> str:
     return f"-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR={include}"
 
 
+def backend_conflict(user: str, *, vulkan: bool, cpu: bool) -> str | None:
+    """One line where --cpu or --vulkan asks for another backend than the user's CMAKE_ARGS turn on or off
+    (CMAKE_ARGS would silently win), else None."""
+    asked = asked_backends(user)
+    flags = " ".join(re.findall(r"-DGGML_(?:CUDA|HIP|METAL|VULKAN)(?::BOOL)?=\S*", user))
+    if cpu and asked:
+        return f"--cpu asks for the CPU, but CMAKE_ARGS turns on {', '.join(asked)} ({flags}); drop one or the other"
+    other = [name for name in asked if name != "VULKAN"]
+    if vulkan and (other or "-DGGML_VULKAN" in flags and "VULKAN" not in asked):
+        said = f"turns on {', '.join(other)}" if other else "turns Vulkan off"
+        return f"--vulkan asks for Vulkan, but CMAKE_ARGS {said} ({flags}); drop one or the other"
+    return None
+
+
 def build_args(user: str, a: argparse.Namespace) -> str:
     """The user's CMAKE_ARGS as given (with --vulkan's own flags where it asks for them), or the chosen backend's;
     says which in one line."""
@@ -237,8 +282,9 @@ BACKEND_FLAGS = {"CUDA": "CUDA", "HIP": "HIP", "METAL": "METAL", "VULKAN": "VULK
 
 
 def asked_backends(args: str) -> list[str]:
+    """The backends CMAKE_ARGS turns on (CMake's true values, any case; -DGGML_CUDA=on or -DGGML_CUDA:BOOL=ON)."""
     return [feature for flag, feature in BACKEND_FLAGS.items()
-            if re.search(rf"-DGGML_{flag}=(on|ON|On|1|true|TRUE|yes|YES)\b", args)]
+            if re.search(rf"-DGGML_{flag}(:BOOL)?=(on|1|true|yes|y)(?![\w-])", args, re.IGNORECASE)]
 
 
 def main(argv: list[str]) -> int:
@@ -251,15 +297,18 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.cpu and a.vulkan:
         ap.error("--cpu and --vulkan ask for different backends: give one")
+    conflict = backend_conflict(os.environ.get("CMAKE_ARGS", ""), vulkan=a.vulkan, cpu=a.cpu)
+    if conflict:
+        ap.exit(2, f"install.py: {conflict}\n")
     extras = a.extras
     system = _system()
     args, amx_off = cmake_args(build_args(os.environ.get("CMAKE_ARGS", ""), a), system.NO_AMX_FLAGS)
     env = dict(os.environ, CMAKE_ARGS=args)
     target = f"{ROOT}[{extras}]" if extras else str(ROOT)
-    if a.dry:
-        print(f'CMAKE_ARGS="{args}" {shlex.quote(sys.executable)} -m pip install -e {shlex.quote(target)}')
+    if a.dry:  # quoted as a shell reads it: pasted, it runs this very build
+        print(f"CMAKE_ARGS={shlex.quote(args)} {shlex.quote(sys.executable)} -m pip install -e {shlex.quote(target)}")
         return 0
-    print(f"CMAKE_ARGS={args}", file=sys.stderr)
+    print(f"CMAKE_ARGS={shlex.quote(args)}", file=sys.stderr)
     pip("install", "-e", target, env=env)
     features = built_features()
     wrong = [why for bad, why in [(amx_off and "AMX_INT8" in features, "it has AMX kernels"),
