@@ -75,6 +75,57 @@ def test_every_import_points_down_the_layers():
     assert layer("llama.backend") == 1 and layer("cli.main") == 5  # the table knows the packages
 
 
+def package_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules a module imports, anywhere in it (functions too), by their names in `known`
+    ("llama.runtime"; "" for the package itself): `from ..llama import backend` is llama.backend."""
+    is_package = path.name == "__init__.py"
+    here = name.split(".") if name else []
+    package = here if is_package else here[:-1]
+    found = set()
+
+    def add(parts: list[str], names: list[str]) -> None:
+        for alias in names:  # a submodule by name, else the module the names come from
+            module = ".".join(parts + [alias])
+            found.add(module if module in known else ".".join(parts))
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "ggufspec" or alias.name.startswith("ggufspec."):
+                    found.add(alias.name.removeprefix("ggufspec").removeprefix("."))
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                parts = base + (module.split(".") if module else [])
+            elif module == "ggufspec" or module.startswith("ggufspec."):
+                parts = module.split(".")[1:]
+            else:
+                continue
+            add(parts, [alias.name for alias in node.names])
+    return (found & known) - {name}
+
+
+def test_no_modules_import_each_other():
+    """No import circle anywhere in the package, lazy imports in functions included: of two modules that need
+    each other, one owns what both need."""
+    names = {("" if name == "__init__" else name): path for name, path in modules()}
+    graph = {name: package_imports(name, path, set(names)) for name, path in names.items()}
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    reach = {name: reachable(name) for name in graph}
+    circles = sorted({tuple(sorted(m for m in reach[name] if name in reach[m])) for name in graph if name in reach[name]})
+    assert not circles, circles  # each: the modules of one circle
+    assert "llama.devices" in graph["llama.backend"] and "llama.runtime" in graph["llama.devices"]  # the parse sees them
+
+
 @pytest.mark.parametrize("dependency, owners", [
     ("llama_cpp", "llama."), ("gguf", "llama.gguf_info"), ("huggingface_hub", "models.hub"),
     ("tabulate", "bench.report"), ("click", "cli."), ("tomlkit", "models.registry"),

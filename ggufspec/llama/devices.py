@@ -1,5 +1,6 @@
 """ggml's devices, which llama-cpp-python does not wrap: what is here, the CPU's weight buffer types,
-device handles for a model's -dev list, and the RPC backend's two entry points (add a server, run one)."""
+device handles for a model's -dev list, and the RPC backend's two entry points (add a server, run one); through
+runtime.ggml(), the typed library llama-cpp-python loaded."""
 
 from __future__ import annotations
 
@@ -7,32 +8,10 @@ import ctypes
 import functools
 
 from ..errors import GGUFSpecError
-from .runtime import init
+from .runtime import ggml
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator", 4: "meta"}
 SOFTWARE_GPUS = ("llvmpipe", "lavapipe", "swiftshader", "softpipe")
-
-
-@functools.cache
-def _lib():
-    from llama_cpp._ggml import libggml as lib
-
-    p, s = ctypes.c_void_p, ctypes.c_size_t
-    for name, args, res in [("ggml_backend_dev_count", [], s), ("ggml_backend_dev_get", [s], p),
-                            ("ggml_backend_dev_name", [p], ctypes.c_char_p),
-                            ("ggml_backend_dev_description", [p], ctypes.c_char_p),
-                            ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
-                            ("ggml_backend_dev_type", [p], ctypes.c_int), ("ggml_backend_dev_backend_reg", [p], p),
-                            ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
-                            ("ggml_backend_buft_name", [p], ctypes.c_char_p),
-                            ("ggml_backend_reg_by_name", [ctypes.c_char_p], p), ("ggml_backend_register", [p], None),
-                            ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
-                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p),
-                            ("ggml_backend_reg_count", [], s), ("ggml_backend_reg_get", [s], p),
-                            ("ggml_backend_reg_name", [p], ctypes.c_char_p), ("ggml_backend_dev_buffer_type", [p], p)]:
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, res
-    return lib
 
 
 @functools.cache
@@ -46,22 +25,10 @@ def software_vulkan() -> bool:
     return any(d["name"].startswith("Vulkan") and d["software"] for d in devices())
 
 
-def ggml():
-    """ggml's device and backend-registry functions, typed (the library llama-cpp-python loaded)."""
-    init()
-    return _lib()
-
-
 def _proc(reg, name: bytes, restype, *argtypes):
     """A function a backend registry exports by name (None where this build lacks it)."""
     address = ggml().ggml_backend_reg_get_proc_address(reg, name) if reg else None
     return ctypes.CFUNCTYPE(restype, *argtypes)(address) if address else None
-
-
-def backends() -> list[str]:
-    """The backends this build registered (CPU, Vulkan, CUDA, Metal, RPC, ...), devices or not."""
-    lib = ggml()
-    return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
 
 
 def devices() -> list[dict]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ctypes
 
-from .devices import cpu_device, ggml
+from .devices import cpu_device
+from .runtime import ggml
 from .gguf_info import EXPERT_TENSORS
 
 

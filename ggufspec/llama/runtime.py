@@ -1,5 +1,5 @@
-"""llama.cpp in this process: the top-level `llama_cpp` module (the llama package is the only one that imports
-llama_cpp; devices and quantize reach its ggml and quantizer too), its backend started once, its log
+"""llama.cpp in this process: the top-level `llama_cpp` module and its ggml, typed (the llama package is the only
+one that imports llama_cpp; quantize reaches its quantizer too), its backend started once, its log
 routed through ggufspec (shown with --verbose), and model loads that a Ctrl-C can stop.
 
 llama.cpp's log callback and backend are process-wide, so the little state they need lives in one
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -186,11 +187,43 @@ def supports_rpc() -> bool:
     return bool(C.llama_supports_rpc())
 
 
+@functools.cache
+def _lib():
+    from llama_cpp._ggml import libggml as lib
+
+    p, s = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in [("ggml_backend_dev_count", [], s), ("ggml_backend_dev_get", [s], p),
+                            ("ggml_backend_dev_name", [p], ctypes.c_char_p),
+                            ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+                            ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
+                            ("ggml_backend_dev_type", [p], ctypes.c_int), ("ggml_backend_dev_backend_reg", [p], p),
+                            ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
+                            ("ggml_backend_buft_name", [p], ctypes.c_char_p),
+                            ("ggml_backend_reg_by_name", [ctypes.c_char_p], p), ("ggml_backend_register", [p], None),
+                            ("ggml_backend_reg_dev_count", [p], s), ("ggml_backend_reg_dev_get", [p, s], p),
+                            ("ggml_backend_dev_by_name", [ctypes.c_char_p], p), ("ggml_backend_dev_by_type", [ctypes.c_int], p),
+                            ("ggml_backend_reg_count", [], s), ("ggml_backend_reg_get", [s], p),
+                            ("ggml_backend_reg_name", [p], ctypes.c_char_p), ("ggml_backend_dev_buffer_type", [p], p)]:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def ggml():
+    """ggml's device and backend-registry functions, typed (the library llama-cpp-python loaded)."""
+    init()
+    return _lib()
+
+
+def backends() -> list[str]:
+    """The backends this build registered (CPU, Vulkan, CUDA, Metal, RPC, ...), devices or not."""
+    lib = ggml()
+    return [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
+
+
 def build_features() -> list[str]:
     """What this build has: the CPU's features from llama.cpp's system info, then every other backend
     registered (VULKAN, CUDA, METAL, RPC, ...: a GPU backend with no device found says nothing there)."""
-    from .devices import backends
-
     features = system.build_features(system.parse_system_info(system_info()))
     features += [b.upper() for b in backends() if b != "CPU" and b.upper() not in features]
     if supports_rpc() and "RPC" not in features:
