@@ -81,7 +81,11 @@ class AutoDrafter(Drafter):
                  model: ModelDrafter | None = None, model_max: int | None = None, lookup_max: int | None = None,
                  draft_cost: float | None = None, model_p_min: float | None = None, heads: dict | None = None):
         self.verification = verification  # how rounds are verified (which batches, up to which cache length)
-        self.costs = costs  # what decoding costs here (measured at load)
+        self.measured = self.costs = costs  # what decoding costs here (measured at load; costs: as corrected now)
+        # What a verified row beyond the first costs now over what the table says: the table is measured in a short
+        # cache, and in a long one every row attends to every cached token (a batch there costs more steps). Learnt
+        # from each timed verify, fast: a round that shows batches dearer must stop the next round drafting.
+        self.extra_rows = 1.0
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
@@ -227,6 +231,24 @@ class AutoDrafter(Drafter):
         rows = r.n_drafted + 1  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
+            if rows > 1:
+                self._learn_extra_rows(r.target_seconds, rows)
+
+    # How far one verify may move extra_rows, and how much of the way it goes: a batch dearer than the table is
+    # believed at once (drafting on would lose every round), a cheaper one more slowly (one fast batch is no trend).
+    extra_rows_clip = (0.5, 4.0)
+
+    def _learn_extra_rows(self, seconds: float, rows: int) -> None:
+        table = self.measured.batch_seconds(rows) - self.measured.batch_seconds(1)
+        if table <= 0:
+            return
+        seen = (seconds - self.step_cost) / (table * self.target_scale)
+        seen = min(self.extra_rows_clip[1], max(self.extra_rows_clip[0], seen))
+        weight = 0.7 if seen > self.extra_rows else 0.3
+        extra = self.extra_rows + weight * (seen - self.extra_rows)
+        if abs(extra - self.extra_rows) > 0.01 * self.extra_rows:
+            self.extra_rows = extra
+            self.costs = self.measured.with_extra_rows(extra)
 
 
 def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, model: ModelDrafter | None = None,

@@ -88,6 +88,15 @@ class Costs:
     head_seconds: dict = field(default_factory=dict)
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
 
+    def with_extra_rows(self, factor: float) -> "Costs":
+        """This table with every verified row beyond the first costing `factor` times what was measured (a batch
+        of n: one step plus factor x (its measured cost - one step)); how auto corrects a table measured in a short
+        cache for a long one, where each row attends to every cached token and a batch costs more steps."""
+        one = self.target_batch_seconds[0]
+        scaled = [one + max(0.0, factor * (s - one)) for s in self.target_batch_seconds]
+        return Costs(scaled, self.exact_batch, self.draft_token_seconds, self.exact_kv, self.rollback, self.experts,
+                     self.head_seconds)
+
     @property
     def mtp_token_seconds(self) -> float | None:
         """The target's MTP head: seconds per drafted token (None: no head measured)."""

@@ -58,7 +58,9 @@ class RateWatch:
         if r.target_seconds <= 0:
             return
         self.n += 1
-        source = r.source
+        # who spent the round's time: a drafter consulted whose draft came back empty (no token sure enough) still
+        # cost its step, and a plain round it is not
+        source = r.draft.source if r.draft is not None and r.draft.source else r.source
         if source == "target":
             self.plain.append((self.n, len(r.tokens), seconds))
             self.probe = False

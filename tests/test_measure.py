@@ -241,3 +241,49 @@ def test_a_draft_step_from_a_busier_moment_is_measured_again(tiny, capfd):
     capfd.readouterr()
     assert draft_step() < 0.01 and "measuring them again" in capfd.readouterr().err
     assert measure.load_cache()[key]["token_seconds"] < 0.01
+
+
+def test_other_processes_busy_on_the_cpus_are_seen():
+    """busy_elsewhere counts the CPU time of every other process (a busy loop: about one CPU), not this one's."""
+    import subprocess
+    import sys
+
+    from ggufspec.llama.system import busy_elsewhere, shared_cores_advice
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert busy_elsewhere(0.5) >= 0.7
+    finally:
+        spin.kill()
+        spin.wait()
+    assert "-t 1 would fit the CPUs left" in shared_cores_advice(2, 1.0, n_cpus=2)
+    assert shared_cores_advice(1, 1.0, n_cpus=2) is None and shared_cores_advice(2, 0.2, n_cpus=2) is None
+    assert "-t 6 would fit" in shared_cores_advice(8, 2.0, n_cpus=8)
+
+
+def test_shared_cpus_are_said_once_and_not_measured_again_and_again(tiny, monkeypatch, capfd):
+    """Where the CPUs are shared the decode times are erratic whatever is measured: one line names the -t that
+    fits, the table is measured once (not three times), used uncached, and not measured again by the next Engine
+    of this process; doctor shows the load."""
+    from ggufspec import Engine
+    from ggufspec.llama import measure
+
+    from ggufspec.llama import system
+
+    monkeypatch.setattr(system, "busy_elsewhere", lambda seconds=0.5: float(os.cpu_count()))
+    monkeypatch.setattr(measure, "sane", lambda seconds, again: False)
+    monkeypatch.setattr(system, "_SAID_SHARED", [])
+    monkeypatch.setattr(measure, "_UNCACHED", {})
+    calls = []
+    real = measure.measure_target
+    monkeypatch.setattr(measure, "measure_target", lambda ctx, *a, **k: calls.append(1) or real(ctx, *a, **k))
+    for _ in range(2):
+        with Engine(tiny["target"], n_ctx=256, n_threads=2) as e:
+            assert e.generate("hi", max_tokens=4, mode="auto").stats.n_generated == 4
+    err = capfd.readouterr().err
+    assert len(calls) == 1, err
+    assert err.count("the CPUs are shared") == 1 and "-t 1 would fit" in err, err
+    assert "stayed erratic; used for this run, not cached" in err
+    doctor = run("doctor")
+    assert "other processes keep" in doctor.output and "the CPUs are shared" in doctor.output

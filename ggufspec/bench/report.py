@@ -327,7 +327,8 @@ def doctor_text(r: dict) -> str:
     lines = [f"python          {r['python']}",
              f"llama-cpp-python {r['llama_cpp_python']}: {', '.join(r['build_features']) or '-'}",
              f"CPU             {r['cpu']} ({', '.join(r['cpu_features']) or 'no SIMD flags read'}); "
-             f"{plural(r['threads'], 'thread')} used of {r['logical_cpus']}",
+             f"{plural(r['threads'], 'thread')} used of {r['logical_cpus']}"
+             + (f"; other processes keep {r['busy_elsewhere']:.1f} busy now" if r.get("busy_elsewhere") is not None else ""),
              "devices:"]
     for d in r["devices"]:
         lines.append(f"  {d['name']:<10} {d['type']:<6} {d['description']}  "

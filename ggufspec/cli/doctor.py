@@ -120,6 +120,13 @@ def problems(features: list[str], cpu_buffer_types: list[str], other_machines: l
     return out
 
 
+def load_problem(busy: float) -> list[dict]:
+    """Other processes keeping so many CPUs busy that the default threads wait on each other."""
+    advice = system.shared_cores_advice(backend.default_threads(), busy)
+    return [{"severity": "warning", "problem": advice,
+             "fix": f"stop what else runs, or pass -t {system.threads_that_fit(busy)}"}] if advice else []
+
+
 def diagnose(rpc: str | None = None) -> dict:
     """Everything `ggufspec doctor` reports; rpc: servers to register first, so their devices show."""
     if rpc:
@@ -132,6 +139,7 @@ def diagnose(rpc: str | None = None) -> dict:
     machine = backend.machine()
     flags = system.cpu_flags()
     mine, others, damaged = _costs(machine["id"])
+    busy = system.busy_elsewhere()
     folder = models_dir()
     found = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
     return {
@@ -144,10 +152,11 @@ def diagnose(rpc: str | None = None) -> dict:
         "cpu_buffer_types": bufts,
         "threads": backend.default_threads(),
         "logical_cpus": os.cpu_count(),
+        "busy_elsewhere": busy,
         "devices": seen,
         "machine_id": machine["id"],
         "models_dir": str(folder),
         "models": [{"file": p.name, "size_bytes": p.stat().st_size} for p in found],
         "costs": mine,
-        "problems": problems(features, bufts, others, damaged, seen),
+        "problems": problems(features, bufts, others, damaged, seen) + load_problem(busy),
     }

@@ -28,6 +28,7 @@ import numpy as np
 from .backend import Context, machine
 from .head_costs import head_key, measure_head_step, probe_tokens as _probe_tokens
 from .runtime import warn, warn_once
+from .system import say_if_shared
 from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs, Rollback
 from ..paths import costs_file
 
@@ -154,6 +155,10 @@ def serves(entry: dict, ctx: Context) -> bool:
             and (ctx.cuttable or (entry.get("rollback") or {}).get("kept") == ctx.checkpoints.rollback))
 
 
+# Tables this process measured but did not cache (erratic: shared CPUs), by key: the next Engine on the same
+# model in this process uses them instead of measuring again.
+_UNCACHED: dict[str, dict] = {}
+
 NOISE = 1e-3  # seconds: differences below a millisecond are timer and scheduler noise, not a busy machine
 
 
@@ -169,16 +174,17 @@ def sane(seconds: list[float], again: float) -> bool:
 
 
 def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
-    """A target entry for the cache, and whether it made sense (measured up to `tries` times until it does)."""
+    """A target entry for the cache, and whether it made sense (measured up to `tries` times until it does, or
+    once where the CPUs are shared: measuring again there only gives another erratic table)."""
     for _ in range(tries):
         seconds, exact, exact_kv = measure_target(ctx)
         again = measure_draft_step(ctx, n=3, repeats=2)  # the one-token step, timed afresh
         ok = sane(seconds, again)
-        if ok:
+        if ok or say_if_shared(ctx.n_threads):
             break
         warn(f"ggufspec: {ctx.model.path.name}: the measured decode times do not add up (one token "
              f"{seconds[0] * 1e3:.2f} ms, then {again * 1e3:.2f} ms; a busy machine?): measuring again")
-    else:
+    if not ok:
         warn(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
     entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "kv_reach": reach(ctx)[1],
              "rollback": measure_rollback(ctx), "machine": machine()["summary"]}
@@ -194,6 +200,8 @@ def moved(cached: float, ctx: Context) -> bool:
     settings, would misplace auto's choices and every footer's figures; warns, and the caller measures again."""
     now = measure_draft_step(ctx, n=3, repeats=1)  # the one-token step, timed afresh (as measure_target_sanely does)
     if abs(now - cached) <= NOISE or 1 / MOVED < now / cached < MOVED:
+        return False
+    if now > cached and say_if_shared(ctx.n_threads):  # slower because others run now: the table measured when quiet stands
         return False
     warn(f"ggufspec: {ctx.model.path.name}: a step takes {now * 1e3:.1f} ms now, {cached * 1e3:.1f} ms when its "
          "costs were measured (the machine was busier or freer then): measuring them again")
@@ -347,10 +355,15 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     # absent, damaged by hand or by another version, or too short for this context: measure again
     if valid_target_entry(entry) and serves(entry, target) and moved(entry["target_batch_seconds"][0], target):
         refresh = True  # the machine runs at another speed than when this was measured: the draft's too
-    if refresh or not (valid_target_entry(entry) and serves(entry, target)):
+    if not refresh and not (valid_target_entry(entry) and serves(entry, target)) and tkey in _UNCACHED:
+        entry = _UNCACHED[tkey]  # erratic when measured in this process: not measured again and again
+    elif refresh or not (valid_target_entry(entry) and serves(entry, target)):
         entry, keep = measure_target_sanely(target)
         if keep:
             new[tkey] = entry
+            _UNCACHED.pop(tkey, None)
+        else:
+            _UNCACHED[tkey] = entry
     draft_seconds = None
     if draft is not None:
         dkey = _key(draft) + "|draft"

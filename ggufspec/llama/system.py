@@ -170,3 +170,56 @@ def default_threads() -> int:
     except Exception:
         n = None
     return max(1, n or os.cpu_count() or 1)
+
+
+def busy_elsewhere(seconds: float = 0.5) -> float:
+    """How many logical CPUs other processes kept busy over the next `seconds` (this process's own time, its
+    threads included, left out): the machine's load as decoding would feel it now."""
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+
+    def busy() -> tuple[float, float]:
+        t, own = psutil.cpu_times(), me.cpu_times()
+        return t.user + t.system + getattr(t, "nice", 0.0), own.user + own.system
+
+    (total0, own0), start = busy(), time.perf_counter()
+    time.sleep(seconds)
+    (total1, own1), wall = busy(), time.perf_counter() - start
+    return max(0.0, ((total1 - total0) - (own1 - own0)) / wall) if wall > 0 else 0.0
+
+
+def threads_that_fit(busy: float, n_cpus: int | None = None) -> int:
+    """The llama.cpp threads that can run at once beside other processes keeping `busy` CPUs busy (one at 80% of a
+    core takes that core)."""
+    n_cpus = n_cpus or os.cpu_count() or 1
+    return max(1, int(n_cpus - busy + 0.25))
+
+
+def shared_cores_advice(n_threads: int, busy: float, n_cpus: int | None = None) -> str | None:
+    """One line where other processes keep enough CPUs busy that `n_threads` llama.cpp threads cannot all run at
+    once (a descheduled thread keeps the others waiting at every barrier: decodes turn erratic and tens of times
+    slower), naming the -t that fits the CPUs left; None where they fit."""
+    n_cpus = n_cpus or os.cpu_count() or 1
+    fit = threads_that_fit(busy, n_cpus)
+    if busy < 0.5 or n_threads <= fit:
+        return None
+    return (f"the CPUs are shared: other processes keep {busy:.1f} of {n_cpus} busy, so {n_threads} llama.cpp threads "
+            f"wait on each other and decode times are erratic; -t {fit} would fit the CPUs left")
+
+
+_SAID_SHARED: list[str] = []  # the shared-CPUs line, once said
+
+
+def say_if_shared(n_threads: int) -> str | None:
+    """Where other processes keep too many CPUs busy for `n_threads`: the line saying so and which -t fits, on
+    stderr once per process (the load it names moves from call to call); None where the threads fit."""
+    import sys
+
+    advice = shared_cores_advice(n_threads, busy_elsewhere(0.3))
+    if advice and not _SAID_SHARED:
+        _SAID_SHARED.append(advice)
+        print(f"ggufspec: {advice}", file=sys.stderr)
+    return advice

@@ -426,3 +426,55 @@ def test_a_copy_stops_before_a_control_token():
     assert LookupDrafter().match(history, 8)[0] == [26, 27, 28, 29, 3, 4, 5, 10]
     assert LookupDrafter(ends=ends).match(history, 8)[0] == [26, 27, 28, 29]
     assert LookupDrafter(ends=ends).match(prompt + list(range(10, 30)), 8) == ([], 0)  # nothing before the marker
+
+
+def test_in_a_long_cache_where_batches_cost_more_than_the_table_says_auto_stops_drafting_at_once(monkeypatch):
+    """The table is measured in a short cache (a Q8_0 shape: a batch of 5 costs 3 steps); after a 1,000-token prompt
+    every row beyond the first costs 2.5 times that (each attends to every cached token), so a draft that is always
+    right loses every round it is verified in. The first verify shows it: auto plans with what it saw and stays
+    within 3% of plain decoding over 48 tokens (the guard alone let it draft for a dozen rounds: 0.82x)."""
+    import numpy as np
+    from fake import FakeTarget, on_clock
+
+    from ggufspec.drafters import ModelDrafter
+    from ggufspec.sampling import SamplingParams
+    from ggufspec.speculative import prefill, rounds
+
+    table = cpu_q8_like()
+    steps = [s / table.target_token_seconds for s in table.target_batch_seconds]
+    deep = lambda n: table.target_token_seconds * (1 + 2.5 * (steps[min(n, len(steps)) - 1] - 1))  # noqa: E731
+    clock = on_clock(monkeypatch)
+    target = FakeTarget(seed=1, n_ctx=2048, scale=8.0, clock=clock, seconds=deep)  # peaked: the draft is sure
+    draft = target.like(7, 0.0, clock=clock, seconds=lambda n: table.draft_token_seconds)  # always right
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 24, size=1000)]
+    rates = {}
+    for name in ("plain", "auto"):
+        auto = AutoDrafter(Verification.of(table, False), table, lookup=LookupDrafter(), model=ModelDrafter(draft))
+        drafter = auto if name == "auto" else None
+        logits, _ = prefill(target, prompt)
+        if drafter is not None:
+            drafter.reset(prompt)
+        start, n = clock.now, 0
+        for r in rounds(target, drafter, prompt, logits, SamplingParams(), np.random.default_rng(0),
+                        max_tokens=48, draft_max=8 if drafter else 0):
+            n += len(r.tokens)
+        rates[name] = n / (clock.now - start)
+    assert rates["auto"] >= 0.97 * rates["plain"], rates
+    assert auto.extra_rows > 1.5  # what it learnt of a verified row here (2.5)
+
+
+def test_a_draft_that_came_back_empty_is_the_drafters_round_not_a_plain_one():
+    """The draft model consulted and stopped before its first token (none sure enough) cost its step: the guard
+    counts that round against the draft model, and plain decoding's rate stays plain decoding's."""
+    from ggufspec.watch import RateWatch
+
+    watch = RateWatch()
+    plain = Round(tokens=[1], n_past=10, n_drafted=0, n_accepted=0, draft_seconds=0.0, target_seconds=0.1,
+                  draft=Draft(tokens=[], source="target"))
+    empty = Round(tokens=[1], n_past=11, n_drafted=0, n_accepted=0, draft_seconds=0.05, target_seconds=0.1,
+                  draft=Draft(tokens=[], source="draft"))
+    watch.observe(plain, 10.0)
+    for _ in range(3):
+        watch.observe(empty, 10.0)
+    assert watch.plain_rate() == pytest.approx(10.0)
+    assert not watch.allows("draft") and watch.pauses == {"draft": 1}
