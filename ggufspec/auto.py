@@ -85,7 +85,7 @@ class AutoDrafter(Drafter):
         # What a verified row beyond the first costs now over what the table says: the table is measured in a short
         # cache, and in a long one every row attends to every cached token (a batch there costs more steps). Learnt
         # from each timed verify, fast: a round that shows batches dearer must stop the next round drafting.
-        self.extra_rows = 1.0
+        self.extra_rows = self._costs_extra_rows = 1.0
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
@@ -233,10 +233,13 @@ class AutoDrafter(Drafter):
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
             if rows > 1:
                 self._learn_extra_rows(r.target_seconds, rows)
+            elif self.extra_rows > 1.0:  # undrafted rounds teach nothing of batches: what one stall taught fades
+                self._set_extra_rows(1.0 + (self.extra_rows - 1.0) * self.extra_rows_fade)
 
     # How far one verify may move extra_rows, and how much of the way it goes: a batch dearer than the table is
     # believed at once (drafting on would lose every round), a cheaper one more slowly (one fast batch is no trend).
-    extra_rows_clip = (0.5, 4.0)
+    extra_rows_clip = (0.5, 8.0)
+    extra_rows_fade = 0.97  # per undrafted round: a dear batch is tried again some 20 rounds later, a stall forgotten
 
     def _learn_extra_rows(self, seconds: float, rows: int) -> None:
         table = self.measured.batch_seconds(rows) - self.measured.batch_seconds(1)
@@ -245,9 +248,12 @@ class AutoDrafter(Drafter):
         seen = (seconds - self.step_cost) / (table * self.target_scale)
         seen = min(self.extra_rows_clip[1], max(self.extra_rows_clip[0], seen))
         weight = 0.7 if seen > self.extra_rows else 0.3
-        extra = self.extra_rows + weight * (seen - self.extra_rows)
-        if abs(extra - self.extra_rows) > 0.01 * self.extra_rows:
-            self.extra_rows = extra
+        self._set_extra_rows(self.extra_rows + weight * (seen - self.extra_rows))
+
+    def _set_extra_rows(self, extra: float) -> None:
+        self.extra_rows = extra
+        if abs(extra - self._costs_extra_rows) > 0.01 * extra:  # the corrected table, rebuilt where it moved
+            self._costs_extra_rows = extra
             self.costs = self.measured.with_extra_rows(extra)
 
 
