@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import signal
 import sys
 
 from .core import LLAMA_MODES
@@ -77,6 +78,10 @@ def install(mode: str = "auto") -> None:
     atexit.register(_close_drafts)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours = argparse.ArgumentParser(add_help=False)
@@ -99,12 +104,17 @@ def main(argv: list[str] | None = None) -> int:
               "run: pip install 'llama-cpp-python[server]'", file=sys.stderr)
         return 1
     install(known.draft_mode)
+    # uvicorn stops on SIGTERM, then raises it again under the handler it found: the default one would end the
+    # process before atexit reports the drafted and accepted totals, as it does after Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.argv = ["python -m ggufspec.llama_server", *rest]
     try:
         server_main.main()
     except GGUFSpecError as e:
         print(f"ggufspec.llama_server: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

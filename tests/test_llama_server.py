@@ -59,6 +59,22 @@ def test_the_server_drafts_with_a_gguf_and_keeps_llamas_text(tiny):
     assert drafted > 0 and 0 < accepted <= drafted
 
 
+def test_sigterm_reports_the_drafted_and_accepted_totals_as_ctrl_c_does(tiny):
+    """Before: uvicorn raised the SIGTERM again under the default handler, which ended the process before the
+    totals were printed (SIGINT printed them)."""
+    proc, port = start("--model", tiny["target"], "--draft_model", tiny["close"], "--draft_mode", "draft",
+                       "--n_ctx", 512, "--draft_model_num_pred_tokens", 3)
+    try:
+        assert port is not None, proc.stderr.read()
+        complete(port, "hello world")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    drafted, accepted = (int(x) for x in err.split("drafted ")[-1].split(", accepted "))
+    assert drafted > 0 and 0 <= accepted <= drafted and "Traceback" not in err
+
+
 def test_the_server_binds_loopback_unless_told():
     from ggufspec import llama_server
 

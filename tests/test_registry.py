@@ -173,6 +173,21 @@ def test_models_list_marks_unchecked_entries(tmp_path):
     assert bad.exit_code == 1 and "[models.x] `checked` should be true or false, not 'no'" in bad.stderr
 
 
+def test_a_pair_of_paths_lists_ready_only_where_its_files_are(tiny, tmp_path):
+    """Before: a pair whose target or draft was a path (as `drafts --write` saved them) made `models list` fail on
+    the whole registry ("no model named '/.../target.gguf'"); an absolute path without .gguf was refused."""
+    reg = tmp_path / "mine.toml"
+    plain = tmp_path / "model-file"  # no .gguf: an absolute path is still a path
+    plain.write_bytes(Path(tiny["close"]).read_bytes())
+    reg.write_text(f'[pairs.here]\ntarget = "{tiny["target"]}"\ndraft = "{plain}"\n'
+                   f'[pairs.gone]\ntarget = "{tmp_path / "gone.gguf"}"\ndraft = "gemma-3-270m"\n')
+    r = CliRunner().invoke(cli, ["models", "list", "--registry", str(reg), "--json"])
+    assert r.exit_code == 0, r.output
+    pairs = {p["name"]: p for p in json.loads(r.stdout)["pairs"]}
+    assert pairs["here"]["ready"] and not pairs["gone"]["ready"]
+    assert [m.name for m in load_registry(reg).models_of("gone")] == ["gemma-3-270m"]
+
+
 def test_models_check_of_a_pair_not_downloaded_says_so_in_one_line():
     r = CliRunner().invoke(cli, ["models", "check", "qwen3-8b"])
     assert r.exit_code == 1 and (r.exception is None or isinstance(r.exception, SystemExit)), r.output

@@ -4,15 +4,18 @@ For each, the benchmark's code (`runs.run`, `rows.rows`) runs the target alone a
 draft length on a few prompts (greedy, short): the acceptance rate, the measured costs (`Engine.costs`), the speed-up
 Leviathan's formula expects from them (`rows`' predicted_speedup_costs) and the measured one, of the length that
 measured best. One Engine serves the drafters that need no draft file (prompt lookup, the target's MTP layers).
-`save_best` writes the best draft file as a pair in the user's models.toml (`registry.save_pair`).
+`save_best` writes the fastest measured candidate as a pair in the user's models.toml (`registry.save_pair`), where
+it has a draft file and beat the target alone.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import MODES
+from ..core import HEAD_MODES, MODES
 from ..engine import Engine
 from ..errors import GGUFSpecError
 from ..models.drafts import rank
@@ -74,32 +77,68 @@ def _measure_group(target: Path, draft: str | None, group: list[dict], prompts, 
         run(engine, prompts, settings, runs, progress=progress)
         table = rows(runs, engine, settings)
         costs = engine.costs
-        steps = {"draft": costs.draft_token_seconds, "mtp": costs.mtp_token_seconds, "lookup": 0.0}
         for c in group:
             mine = [r for r in table if r["mode"] == c["mode"] and r["speedup"] is not None]
             if not mine:
                 continue
             best = max(mine, key=lambda r: r["speedup"])
-            step = steps.get(c["mode"])
+            step = _step_seconds(costs, c["mode"], best["draft_max"])
             c["measured"] = {"alpha": best["acceptance_rate"], "draft_max": best["draft_max"],
                              "cost_ratio": step / costs.target_token_seconds if step is not None else None,
                              "expected": best["predicted_speedup_costs"], "speedup": best["speedup"],
                              "tokens_per_second": best["tokens_per_second"]}
 
 
-def best_pair(measured: dict) -> dict | None:
-    """The best measured candidate with a draft file of its own (a pair needs one), or None."""
-    target = measured["target"]["path"]
-    with_file = [c for c in measured["candidates"] if c["path"] and c["path"] != target
-                 and (c.get("measured") or {}).get("speedup")]
-    return max(with_file, key=lambda c: c["measured"]["speedup"]) if with_file else None
+def _step_seconds(costs, mode: str, draft_max: int | None) -> float | None:
+    """Seconds per drafted token of a mode's drafter, from the engine's measured costs: the draft model's step, a
+    head's (MTP, EAGLE-3, DFlash: a DFlash block's cost shared over the draft_max tokens it drafts), lookup's none."""
+    if mode == "lookup":
+        return 0.0
+    if mode in HEAD_MODES:
+        return costs.head_step(HEAD_MODES[mode], draft_max or 1)
+    return costs.draft_token_seconds if mode == "draft" else None
 
 
-def pair_values(measured: dict, best: dict) -> tuple[str, dict]:
-    """(the pair's name, its table) for the best candidate: target and draft by registry name or path."""
-    target = measured["target"]["name"]
-    registry_name = "/" not in best["name"] and not best["name"].endswith(".gguf")  # else a file's label
-    draft = best["name"] if registry_name else best["path"]
+def fastest(measured: dict) -> dict | None:
+    """The candidate whose measured speed-up is highest (None: none measured)."""
+    fast = [c for c in measured["candidates"] if (c.get("measured") or {}).get("speedup")]
+    return max(fast, key=lambda c: c["measured"]["speedup"]) if fast else None
+
+
+def choose(measured: dict) -> tuple[dict | None, str | None]:
+    """(the candidate to save as a pair, None) where the fastest measured one has a draft file of its own and beat
+    the target alone; else (None, one line saying why nothing is saved)."""
+    best = fastest(measured)
+    if best is None:
+        return None, "nothing saved: no candidate was measured"
+    speedup = best["measured"]["speedup"]
+    if speedup <= 1.0:
+        return None, f"nothing saved: no draft beat the target alone (the fastest, {best['name']}, measured {speedup:.2f}x)"
+    if not best["path"] or best["path"] == measured["target"]["path"]:
+        return None, (f"nothing saved: {best['name']} measured fastest ({speedup:.2f}x) and needs no pair: "
+                      f"--mode {best['mode']}")
+    return best, None
+
+
+def pair_member(name: str | None, path: str, reg) -> str:
+    """How a saved pair names one of its models: by its registry name where that model's file is this very file,
+    else by the file's absolute path (a relative one would resolve only from the folder it was written in)."""
+    from ..models.hub import local_path
+
+    spec = reg.models.get(name) if name else None
+    here = local_path(spec) if spec else None
+    try:
+        if here is not None and os.path.samefile(here, path):
+            return name
+    except OSError:
+        pass
+    return os.path.abspath(path)
+
+
+def pair_values(measured: dict, best: dict, reg) -> tuple[str, dict]:
+    """(the pair's name, its table) for the best candidate: target and draft by registry name or absolute path."""
+    target = pair_member(measured["target"]["name"], measured["target"]["path"], reg)
+    draft = pair_member(best["name"], best["path"], reg)
     name = f"{Path(target).stem}+{Path(best['name']).stem}"
     values = {"target": target, "draft": draft, "mode": best["mode"]}
     if best["measured"].get("draft_max"):
@@ -111,22 +150,30 @@ def registry_file(registry) -> Path:
     return Path(registry) if registry else user_registry()
 
 
+def existing(registry) -> str | None:
+    """--registry where the file is there already (else --write creates it: nothing to read yet)."""
+    return registry if registry and Path(registry).exists() else None
+
+
 def check_save(found: dict, registry) -> None:
     """Before measuring: that a pair for this target can be written to the registry file (nothing written)."""
-    target = found["target"]["name"]
-    save_pair(registry_file(registry), f"{Path(target).stem}+check", {"target": target, "draft": found["target"]["path"]},
-              check_only=True)
+    path = os.path.abspath(found["target"]["path"])
+    save_pair(registry_file(registry), f"{Path(path).stem}+check", {"target": path, "draft": path}, check_only=True)
 
 
-def save_best(measured: dict, registry) -> tuple[str, Path] | None:
-    best = best_pair(measured)
+def save_best(measured: dict, registry) -> tuple[dict | None, str | None]:
+    """Save the fastest measured candidate as a pair in the registry file: ({"pair", "file"}, None), or (None, one
+    line saying why nothing was saved: the fastest needs no draft file, or nothing beat the target alone)."""
+    from ..models.registry import load_registry
+
+    best, why = choose(measured)
     if best is None:
-        return None
-    name, values = pair_values(measured, best)
-    return name, save_pair(registry_file(registry), name, values)
+        return None, why
+    name, values = pair_values(measured, best, load_registry(existing(registry)))
+    return {"pair": name, "file": str(save_pair(registry_file(registry), name, values))}, None
 
 
-def drafts_text(out: dict, saved: dict | None = None) -> str:
+def drafts_text(out: dict, saved: dict | None = None, nothing_saved: str | None = None) -> str:
     """`ggufspec drafts`: the ranked candidates, what the figures are, and the next command."""
     t = out["target"]
     measured = out.get("measured")
@@ -158,10 +205,12 @@ def drafts_text(out: dict, saved: dict | None = None) -> str:
                      + (" (interrupted: the rows measured so far)" if out.get("interrupted") else ""))
     if saved:
         lines.append(f"saved pair {saved['pair']} in {saved['file']}")
-    best = next((c for c in out["candidates"] if c["usable"]), None)
+    if nothing_saved:
+        lines.append(nothing_saved)
+    best = (fastest(out) if measured else None) or next((c for c in out["candidates"] if c["usable"]), None)
     if best:
-        draft = f" -md {best['path']}" if best["path"] and best["path"] != t["path"] else ""
-        lines.append(f"next: ggufspec generate -m {t['name']}{draft} --mode {best['mode']} \"PROMPT\"")
+        draft = f" -md {shlex.quote(best['path'])}" if best["path"] and best["path"] != t["path"] else ""
+        lines.append(f"next: ggufspec generate -m {shlex.quote(t['name'])}{draft} --mode {best['mode']} -p \"PROMPT\"")
     return "\n".join(lines)
 
 

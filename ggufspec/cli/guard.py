@@ -32,17 +32,31 @@ def terminate_as_interrupt():
         came.append(signum)
         raise KeyboardInterrupt
 
+    def unraisable(hook_args):  # our KeyboardInterrupt, lost in one of llama.cpp's callbacks: see raise_if_stopped
+        if not (came and issubclass(hook_args.exc_type, KeyboardInterrupt)):
+            previous_hook(hook_args)
+
     stopping = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     try:
         previous = {s: signal.signal(s, handler) for s in stopping}
     except ValueError:  # not the main thread: leave signals alone
         yield came
         return
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         yield came
     finally:
+        sys.unraisablehook = previous_hook
         for s, old in previous.items():
             signal.signal(s, old)
+
+
+def raise_if_stopped(signals: list[int]) -> None:
+    """Raise the KeyboardInterrupt a stopping signal meant where it was lost: raised inside one of llama.cpp's
+    callbacks (its log, while a model loads), ctypes swallows it and the run goes on. Call it where stopping is
+    safe (between runs)."""
+    if signals:
+        raise KeyboardInterrupt
 
 
 def stopped_by(signals: list[int]) -> tuple[str, int]:

@@ -11,7 +11,10 @@ reads (a decode on CPUs and GPUs is bound by reading weights), and the expected 
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,7 +121,9 @@ def find_drafts(target: str, registry=None) -> dict:
     candidates = []
     with _TargetVocabulary(path) as vocabulary:
         for label, source, file in _local_files(path):
-            candidates.append(check_file(known.get(file.resolve(), label), source, file, info, target_bytes, vocabulary))
+            why = not_a_file(file)
+            candidates.append(Candidate(label, "draft", source, False, why, str(file)) if why else
+                              check_file(known.get(file.resolve(), label), source, file, info, target_bytes, vocabulary))
     candidates += _not_downloaded(reg, name, info, known, target_bytes)
     if info.n_nextn:
         own = Candidate("MTP layers (in the target)", "mtp", "the target", True,
@@ -223,8 +228,8 @@ def hidden_state_misfit(target, draft) -> str | None:
 
 
 def _local_files(target: Path) -> list[tuple[str, str, Path]]:
-    """(label, source, path) of every GGUF beside the target, in the models directory and the Hub cache, the
-    target left out."""
+    """(label, source, path) of every name ending .gguf beside the target, in the models directory and the Hub
+    cache, the target left out (`not_a_file` says which of them are no file to read)."""
     from .hub import cached_ggufs
 
     found = []
@@ -232,12 +237,40 @@ def _local_files(target: Path) -> list[tuple[str, str, Path]]:
         if folder.is_dir():
             found += [(p.name, source, p) for p in sorted(folder.glob("*.gguf"))]
     found += [(label, "Hub cache", p) for label, p in cached_ggufs()]
-    seen, out = {target.resolve()}, []
+    seen, out = {_same_file(target)}, []
     for label, source, p in found:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
+        if _same_file(p) not in seen:
+            seen.add(_same_file(p))
             out.append((label, source, p))
     return out
+
+
+def _same_file(path: Path) -> Path:
+    """The file a path names, links followed; a link loop or a link to nothing: the path itself, made absolute."""
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError):  # RuntimeError: a link loop, before Python 3.13
+        return Path(os.path.abspath(path))
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why a name ending .gguf is no file to read as a draft (a link loop, a link to nothing, a directory, a named
+    pipe or a device), in a few words; None for a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop: no file"
+        if path.is_symlink():
+            return f"a link to {os.readlink(path)}, which is not there"
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISDIR(mode):
+        return "a directory, not a GGUF file"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO), not a GGUF file"
+    if not stat.S_ISREG(mode):
+        return "a device or socket, not a GGUF file"
+    return None
 
 
 def _registry_files(reg) -> dict[Path, str]:

@@ -107,11 +107,22 @@ class Registry:
         raise UnknownName(_unknown("pair", name, self.pairs))
 
     def models_of(self, name: str) -> list[ModelSpec]:
-        """The models a name stands for: a pair's target and draft, or the one model (the one pair expansion)."""
+        """The registry models a name stands for: a pair's target and draft, or the one model (the one pair
+        expansion). A pair's member given as a GGUF file's path is no registry model: left out."""
         if name in self.pairs:
             pair = self.pairs[name]
-            return list(dict.fromkeys([self.model(n) for n in (pair.target, pair.draft) if n is not None]))
+            members = [n for n in (pair.target, pair.draft) if n is not None and not self.is_file_member(n)]
+            return list(dict.fromkeys([self.model(n) for n in members]))
         return [self.model(name)]
+
+    def is_file_member(self, name: str) -> bool:
+        """A pair's target or draft that names a GGUF file (a path) rather than a model of the registry."""
+        return name not in self.models and is_gguf_path(name)
+
+
+def is_gguf_path(name: str) -> bool:
+    """A pair's target or draft written as a file's path: one ending .gguf, or any absolute path."""
+    return name.endswith(".gguf") or os.path.isabs(name)
 
 
 PAIR_SETTING_KEYS = ("draft_max", "draft_min", "draft_p_min", "temperature", "top_k", "top_p", "min_p", "mode")
@@ -226,7 +237,7 @@ def _pair(name: str, d: dict, where: str, models: dict) -> PairSpec:
         if key not in d:
             raise GGUFSpecError(f"{where}: [pairs.{name}] lacks `{key}`")
         _typed(d, key, str, where, f"pairs.{name}")
-        if d[key] not in models and not d[key].endswith(".gguf"):
+        if d[key] not in models and not is_gguf_path(d[key]):
             raise GGUFSpecError(f"{where}: [pairs.{name}] {key} = {d[key]!r} is not a model in the registry")
     settings = {k: d[k] for k in PAIR_SETTING_KEYS if k in d}
     try:  # checked where they are read, not after the models have loaded
