@@ -52,16 +52,25 @@ def test_standard_input_closed(tiny):
         "Error: -f -: standard input is closed; pipe the prompt in, or give -p PROMPT or -f FILE"]
 
 
-def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
-    """The signal arrives while llama.cpp is loading (sent from inside its log callback, where Python
-    runs signal handlers during a load): the load stops and KeyboardInterrupt comes out of Model(),
-    nothing is printed as ignored."""
+class Stopped(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_inside_llama_cpps_load_stops_it(tiny, monkeypatch, signum):
+    """Ctrl-C, SIGTERM or SIGHUP arrives while llama.cpp is loading (sent from inside its log callback, where Python
+    runs signal handlers during a load): the load stops and the signal's own handler's exception comes out of
+    Model(), nothing is printed as ignored (a SIGHUP was swallowed and the load went on)."""
     from ggufspec.llama import backend, runtime
 
     class Trap(list):
         def append(self, line):
             if not self:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signum)
             super().append(line)
 
     class TrappedRuntime(runtime.Runtime):
@@ -74,8 +83,12 @@ def test_ctrl_c_inside_llama_cpps_load_stops_it(tiny, monkeypatch):
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     monkeypatch.setattr(runtime, "RUNTIME", trapped)
-    with pytest.raises(KeyboardInterrupt):
-        backend.Model(tiny["target"])
+    previous = signal.signal(signum, _stop)
+    try:
+        with pytest.raises(Stopped):
+            backend.Model(tiny["target"])
+    finally:
+        signal.signal(signum, previous)
     assert unraisable == []
     monkeypatch.undo()
     backend.Model(tiny["target"]).close()  # and the next load is not affected

@@ -58,7 +58,7 @@ def _load_progress(progress, user_data):
 
 @contextlib.contextmanager
 def interruptible():
-    """Ctrl-C (or SIGTERM) during a model load or a context's creation. Python runs a signal handler at the next bytecode,
+    """Ctrl-C (or SIGTERM, SIGHUP) during a model load or a context's creation. Python runs a signal handler at the next bytecode,
     which during a load is inside one of llama.cpp's callbacks, where a KeyboardInterrupt would be
     printed and lost ("Exception ignored") and the load would go on. So while loading, the signal
     only sets a flag; the progress callback then stops the load, and once llama.cpp has returned the
@@ -73,8 +73,9 @@ def interruptible():
 
     previous = {}
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, note)
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                previous[sig] = signal.signal(sig, note)
     except ValueError:
         pass
     try:

@@ -21,13 +21,13 @@ from pathlib import Path
 from ..core import MODES
 from ..costs import best_predicted
 from ..errors import GGUFSpecError
+from ..llama.draft_fit import HIDDEN_STATE_ARCHS, hidden_state_misfit
 from ..llama.gguf_info import EXPERT_TENSORS
 from ..paths import models_dir
 
 # The acceptance rate a same-family draft is ranked at before --measure: the registry's measured pairs run 0.7
 # (Llama 3 70B + 8B, llama.cpp) to 0.9 (the Qwen coder pair on code); lookup's depends on the text, so it has none.
 ASSUMED_ALPHA = 0.7
-HIDDEN_STATE_ARCHS = {"eagle3": 3, "dflash": None}  # drafts reading target layers: how many ids they take (None: any)
 
 
 @dataclass
@@ -168,8 +168,8 @@ class _TargetVocabulary:
 def check_file(name: str, source: str, path: Path, target, target_bytes: int, vocabulary) -> Candidate:
     """One GGUF on this machine as a draft for the target (a GGUFInfo): usable or why not, its cost predicted."""
     from ..llama.gguf_info import read_info
-    from ..llama.heads import is_mtp_file
     from ..llama.compat import header_incompatibility
+    from ..llama.draft_fit import is_mtp_file, mtp_file_misfit
 
     c = Candidate(name, "draft", source, False, "", str(path))
     try:
@@ -195,7 +195,8 @@ def check_file(name: str, source: str, path: Path, target, target_bytes: int, vo
         c.why = "a vocabulary alone, no weights"
     else:
         c.mode = "mtp" if is_mtp_file(info) else "draft"
-        reason = header_incompatibility(target, info) or vocabulary.incompatibility(path)
+        reason = ((mtp_file_misfit(target, info) if c.mode == "mtp" else None) or header_incompatibility(target, info)
+                  or vocabulary.incompatibility(path))
         c.usable, c.why = reason is None, reason or ("the target's MTP layers, in a file of their own" if c.mode == "mtp"
                                                      else _vocabulary_fits(target.n_vocab, info.n_vocab))
     if c.usable:
@@ -207,24 +208,6 @@ def _vocabulary_fits(target: int, draft: int) -> str:
     if target == draft:
         return f"same vocabulary ({draft} tokens)"
     return f"vocabulary fits ({draft} tokens, the target's {target}: padding)"
-
-
-def hidden_state_misfit(target, draft) -> str | None:
-    """Why a draft reading a target's hidden states (eagle3, dflash) cannot read this target's, from the headers
-    (what `llama.hidden.check_eagle3` checks on the loaded models); None where it fits."""
-    ids, want = draft.target_layers, HIDDEN_STATE_ARCHS[draft.architecture]
-    if not ids or (want and len(ids) != want):
-        return f"reads {len(ids)} target layers; {draft.architecture} reads {want or 'some'}"
-    beyond = [i for i in ids if not 0 <= i <= target.n_layers]
-    if beyond:
-        return f"reads target layer {beyond[0]}; the target has {target.n_layers}: made for another target"
-    fc = next((t for t in draft.tensors if t.name == "fc.weight"), None)
-    width = fc.shape[0] // len(ids) if fc is not None else target.n_embd
-    if width != target.n_embd:
-        return f"reads hidden states {width} wide; the target's are {target.n_embd}: made for another target"
-    if draft.n_vocab and abs(draft.n_vocab - target.n_vocab) and draft.architecture == "eagle3":
-        return f"its vocabulary has {draft.n_vocab} tokens, the target's {target.n_vocab}"
-    return None
 
 
 def _local_files(target: Path) -> list[tuple[str, str, Path]]:
