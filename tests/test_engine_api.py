@@ -158,7 +158,7 @@ def test_kv_cache_types_reach_the_context(tmp_path, tiny):
     ("draft_n_gpu_layers", -2, "-ngld/--n-gpu-layers-draft must be at least -1 (got -2)"),
     ("n_threads", 1.5, "-t/--threads must be a whole number (got 1.5, float)"),
     ("n_gpu_layers", 2**32, "-ngl/--n-gpu-layers must be at most 2147483647, llama.cpp's largest layer count "
-                            "(got 4294967296); use 'all' (or -1) for every layer"),
+                            "(got 4294967296); use -1 for every layer"),
 ])
 def test_load_settings_of_the_wrong_type_are_one_error_before_anything_loads(tiny, setting, value, needle):
     with pytest.raises(GGUFSpecError) as e:

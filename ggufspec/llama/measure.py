@@ -156,7 +156,7 @@ def serves(entry: dict, ctx: Context) -> bool:
 
 
 # Tables this process measured but did not cache (erratic: shared CPUs), by key: the next Engine on the same
-# model in this process uses them instead of measuring again.
+# model in this process uses them instead of measuring again, while the CPUs are still shared.
 _UNCACHED: dict[str, dict] = {}
 
 NOISE = 1e-3  # seconds: differences below a millisecond are timer and scheduler noise, not a busy machine
@@ -355,8 +355,9 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     # absent, damaged by hand or by another version, or too short for this context: measure again
     if valid_target_entry(entry) and serves(entry, target) and moved(entry["target_batch_seconds"][0], target):
         refresh = True  # the machine runs at another speed than when this was measured: the draft's too
-    if not refresh and not (valid_target_entry(entry) and serves(entry, target)) and tkey in _UNCACHED:
-        entry = _UNCACHED[tkey]  # erratic when measured in this process: not measured again and again
+    if (not refresh and not (valid_target_entry(entry) and serves(entry, target)) and tkey in _UNCACHED
+            and say_if_shared(target.n_threads)):
+        entry = _UNCACHED[tkey]  # erratic in this process, and the CPUs still shared: not measured again and again
     elif refresh or not (valid_target_entry(entry) and serves(entry, target)):
         entry, keep = measure_target_sanely(target)
         if keep:
