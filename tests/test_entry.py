@@ -130,9 +130,12 @@ def test_ctrl_c_while_the_real_target_loads_is_one_line():
     for delay in (0.2, 0.5, 1.0):
         proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "generate", "-m", str(target), "-p", "hi", "-n", "4",
                                  "--mode", "target"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=TIMEOUT)
+        try:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()  # a run that missed its Ctrl-C must not go on beside the rest of the suite
         assert proc.returncode in INTERRUPTED and stderr_lines(err) == ["interrupted"], (delay, err)
 
 
@@ -143,8 +146,11 @@ def test_ctrl_c_at_start_up_is_one_line(tiny):
         proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "generate", "-m", str(tiny["target"]), "-p", "hi",
                                  "-n", "100000", "-c", "200000", "--ignore-eos"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=TIMEOUT)
+        try:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()  # a run that missed its Ctrl-C (-n 100000) must not go on beside the rest of the suite
         assert proc.returncode in INTERRUPTED, err
         assert stderr_lines(err) == ["interrupted"], err
