@@ -6,6 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny import write_tiny_model  # noqa: E402
+from ggufspec.llama.system import busy_elsewhere as REAL_BUSY_ELSEWHERE  # noqa: E402  (quiet_cpus replaces it)
 
 # The real models live where scripts/fetch_offline_models.py put them, read before any test
 # points GGUFSPEC_MODELS_DIR at a temporary directory.
@@ -25,6 +26,15 @@ def isolated_session(tmp_path_factory):
         mp.setenv("GGUFSPEC_MODELS_DIR", str(base / "models"))
         mp.setenv("HF_HOME", str(base / "hf"))
         yield
+
+
+@pytest.fixture(autouse=True)
+def quiet_cpus(monkeypatch):
+    """In-process, the CPUs read as free of other processes: what a test asserts of measuring must not change with
+    what else runs on the machine (tests/test_measure.py reads the real load, and fakes a busy one)."""
+    from ggufspec.llama import system
+
+    monkeypatch.setattr(system, "busy_elsewhere", lambda seconds=0.5: 0.0)
 
 
 @pytest.fixture(autouse=True)

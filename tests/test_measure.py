@@ -248,7 +248,8 @@ def test_other_processes_busy_on_the_cpus_are_seen():
     import subprocess
     import sys
 
-    from ggufspec.llama.system import busy_elsewhere, shared_cores_advice
+    from conftest import REAL_BUSY_ELSEWHERE as busy_elsewhere
+    from ggufspec.llama.system import shared_cores_advice
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
