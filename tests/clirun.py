@@ -45,3 +45,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stderr_until(proc, marker: bytes, timeout: float = TIMEOUT) -> bytes:
+    """What a running process wrote to stderr up to `marker` (asserted seen within `timeout`): a progress line
+    that says the point to send a signal at has come."""
+    import os
+    import time
+
+    seen, deadline = b"", time.monotonic() + timeout
+    while marker not in seen and time.monotonic() < deadline:
+        chunk = os.read(proc.stderr.fileno(), 256)
+        if not chunk:
+            break
+        seen += chunk
+    assert marker in seen, seen.decode()
+    return seen

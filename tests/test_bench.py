@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from clirun import TIMEOUT, one_line, run, stderr_lines
+from clirun import TIMEOUT, one_line, run, stderr_lines, stderr_until
 import csv
 import io
 import json
@@ -312,13 +312,7 @@ def test_sigterm_or_sighup_during_bench_keeps_the_finished_rows(tiny, tmp_path, 
                              "target,lookup", "-n", "16", "--repeats", "2000", "--suite", "code", "--limit", "1",
                              "--save-outputs", str(outputs)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
-    seen, deadline = b"", time.monotonic() + TIMEOUT
-    while b"bench 6/" not in seen and time.monotonic() < deadline:  # the progress line: counted runs finished
-        chunk = os.read(proc.stderr.fileno(), 256)
-        if not chunk:
-            break
-        seen += chunk
-    assert b"bench 6/" in seen, seen.decode()
+    seen = stderr_until(proc, b"bench 6/")  # the progress line: counted runs finished
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=TIMEOUT)
     err = (seen + err).decode()

@@ -7,14 +7,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from clirun import TIMEOUT, run
+from clirun import TIMEOUT, run, stderr_until
 from ggufspec.bench import draft_choice
 from conftest import real_model
 from tiny import write_tiny_model
@@ -234,13 +233,7 @@ def test_sigterm_or_sighup_during_measure_shows_the_measured_rows(tmp_path, sign
     proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "drafts", str(target), "--measure", "--json",
                              "-n", "32", "--limit", "1", "--draft-max", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
-    seen, deadline = b"", time.monotonic() + TIMEOUT
-    while b"(2/2)" not in seen and time.monotonic() < deadline:  # the second group begins
-        chunk = os.read(proc.stderr.fileno(), 256)
-        if not chunk:
-            break
-        seen += chunk
-    assert b"(2/2)" in seen, seen.decode()
+    seen = stderr_until(proc, b"(2/2)")  # the second group begins
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=TIMEOUT)
     err = (seen + err).decode()

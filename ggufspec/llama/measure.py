@@ -353,12 +353,12 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     tkey = _key(target)
     entry = None if refresh else cache.get(tkey)
     # absent, damaged by hand or by another version, or too short for this context: measure again
-    if valid_target_entry(entry) and serves(entry, target) and moved(entry["target_batch_seconds"][0], target):
+    usable = valid_target_entry(entry) and serves(entry, target)
+    if usable and moved(entry["target_batch_seconds"][0], target):
         refresh = True  # the machine runs at another speed than when this was measured: the draft's too
-    if (not refresh and not (valid_target_entry(entry) and serves(entry, target)) and tkey in _UNCACHED
-            and say_if_shared(target.n_threads)):
+    if not refresh and not usable and tkey in _UNCACHED and say_if_shared(target.n_threads):
         entry = _UNCACHED[tkey]  # erratic in this process, and the CPUs still shared: not measured again and again
-    elif refresh or not (valid_target_entry(entry) and serves(entry, target)):
+    elif refresh or not usable:
         entry, keep = measure_target_sanely(target)
         if keep:
             new[tkey] = entry
