@@ -111,3 +111,25 @@ def test_cli_modes_and_spec_types(models):
     one_line(out, "eagle3.gguf's architecture is eagle3")
     out = run("models", "check", m["target"], m["dflash"])
     assert out.exit_code == 0 and "is a DFlash draft for llama.gguf: it reads the inputs of target layers 1, 3" in out.output
+
+
+@pytest.mark.parametrize("buffers, refused", [
+    ({"CPU_Mapped": 4.0}, None),
+    ({"CPU_Mapped": 1.0, "CUDA0": 3.0, "CUDA_Host": 0.1}, None),  # seen copying layer inputs back on an H100
+    ({"CPU_Mapped": 1.0, "Vulkan0": 3.0}, "Vulkan0"),  # malloc aborted at the first decode
+    ({"CPU_Mapped": 1.0, "RPC0[127.0.0.1:50052]": 3.0}, "RPC0[127.0.0.1:50052]")])
+def test_the_target_may_be_on_the_devices_seen_copying_layer_inputs_back(buffers, refused):
+    """The placements a hidden-state draft follows: the CPU and CUDA; another device (Vulkan, an RPC server) is one
+    line naming it, before any layer input is asked for (the CUDA case itself runs in dev/gpu_figures.py)."""
+    import re
+    from types import SimpleNamespace
+
+    from ggufspec.errors import GGUFSpecError
+    from ggufspec.llama.hidden import check_target_on_host
+
+    target, draft = SimpleNamespace(buffers=buffers), SimpleNamespace(path="eagle3.gguf")
+    if refused is None:
+        check_target_on_host(target, draft, "EAGLE-3")
+    else:
+        with pytest.raises(GGUFSpecError, match=f"cannot copy back from {re.escape(refused)}"):
+            check_target_on_host(target, draft, "EAGLE-3")

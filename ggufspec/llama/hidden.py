@@ -121,13 +121,20 @@ def check_layer_ids(target_model, draft_model, ids: list[int], width_key: str) -
         raise GGUFSpecError(f"{draft_model.path} cannot draft for {target_model.path}: {misfit}")
 
 
+# Devices whose copies of a target's layer inputs back to the host have been seen to work in this llama.cpp release:
+# CUDA (an H100: greedy and seeded text the target's with the target all there, split with the CPU, and the draft
+# on either; dev/gpu_figures.py), besides the CPU. Elsewhere the copy has corrupted the heap (Vulkan).
+LAYER_INPUTS_COPY_BACK = ("CUDA",)
+
+
 def check_target_on_host(target_model, draft_model, what: str) -> None:
-    """One line where the target's layers are on a device (a GPU, an RPC server): reading their layer inputs there
-    corrupts the heap in this llama.cpp release (`llama_context::extract_layer_inputs` copies them asynchronously;
-    Vulkan: malloc's "unsorted double linked list corrupted" at the first decode, with any of the target's layers
-    on the device, whether the draft is there or not). Checked before any layer input is asked for."""
+    """One line where the target's layers are on a device whose layer inputs this llama.cpp release has not been
+    seen to copy back safely (Vulkan, an RPC server; not CUDA): reading them there corrupted the heap
+    (`llama_context::extract_layer_inputs` copies them asynchronously; Vulkan: malloc's "unsorted double linked
+    list corrupted" at the first decode, with any of the target's layers on the device, whether the draft is there
+    or not). Checked before any layer input is asked for."""
     on_device = sorted(name for name in target_model.buffers
-                       if not (name.startswith("CPU") or name.endswith("_Host")))
+                       if not (name.startswith(("CPU", *LAYER_INPUTS_COPY_BACK)) or name.endswith("_Host")))
     if on_device:
         raise GGUFSpecError(f"{draft_model.path}: {what} drafts read the target's layer inputs, which this llama.cpp "
                             f"release cannot copy back from {on_device[0]} without corrupting memory: keep the target's "
