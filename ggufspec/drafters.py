@@ -267,7 +267,17 @@ class LookupDrafter(Drafter):
         if j < 0:
             return [], 0
         renames, ends, copy = self.renames, self.ends, []
-        for t in history[j + 1 : j + 1 + draft_max]:
+        # A text repeating itself with period d = last - j (the history's last m >= d tokens equal those d before
+        # them: a run of one token, a row of a table) goes on repeating: the copy runs on past the history's end
+        # into its own tokens, as far as draft_max (else it stopped there, a token or two a round).
+        d = len(history) - 1 - j
+        for i in range(j + 1, j + 1 + draft_max):
+            if i >= len(history):
+                if m < d:
+                    break
+                copy.append(copy[i - len(history)])  # already renamed, past any end token
+                continue
+            t = history[i]
             if ends is not None and t < len(ends) and ends[t]:
                 break
             copy.append(renames.get(t, t))

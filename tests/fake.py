@@ -13,6 +13,7 @@ import contextlib
 
 import numpy as np
 
+from ggufspec.drafters import LookupDrafter
 from ggufspec.errors import ContextFullError
 
 
@@ -95,3 +96,12 @@ class FakeTarget:
     def start(self, prompt_tokens: list[int], reuse: bool = False) -> int:
         self.clear()
         return 0
+
+
+
+class NoCopies(LookupDrafter):
+    """A prompt lookup that never finds a copy, for tests of the other sources: a fake target's greedy text falls
+    into a cycle after some tokens, which the real lookup drafts to the end (the cheapest source there)."""
+
+    def match(self, history, draft_max):
+        return [], 0

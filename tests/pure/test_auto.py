@@ -1,5 +1,6 @@
 """Cost-aware drafting on hand-made cost tables: the expectation math, the choice, what it learns, the cut."""
 
+import numpy as np
 import pytest
 
 from ggufspec.auto import LOOKUP_PRIORS, AutoDrafter, Estimate, lookup_bucket
@@ -7,6 +8,7 @@ from ggufspec.costs import Costs, expected_tokens
 from ggufspec.core import Draft, Round
 from ggufspec.drafters import LookupDrafter
 from ggufspec.verification import Verification
+from fake import NoCopies
 from tables import cpu_like, cpu_q8_like, gpu_like
 
 
@@ -83,6 +85,20 @@ def test_lookup_index_is_incremental_and_never_matches_itself():
     assert d.match(history, 3) == ([4, 1, 2], 3)
     history += [4]
     assert d.match(history, 2) == ([1, 2], 4)
+
+
+def test_lookup_continues_a_text_that_repeats_itself_past_the_historys_end():
+    """A run of one token, or a period the history has repeated at least once over, is copied on into the draft's
+    own tokens up to the draft's length (it stopped at the history's end: a token or two a round, where llama.cpp's
+    ngram-mod drafted 48); a match that does not repeat over its own distance still stops there."""
+    d = LookupDrafter()
+    assert d.match([9] + [5] * 40, 8) == ([5] * 8, 32)
+    history = [7, 1, 2, 3, 4, 1, 2, 3, 4]
+    assert LookupDrafter().match(history, 10) == ([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], 4)
+    assert LookupDrafter().match([1, 2, 3, 4, 1, 2, 3], 5) == ([4, 1, 2, 3], 3)  # agrees over 3 of a period of 4
+    ends = np.zeros(16, dtype=bool)
+    ends[9] = True
+    assert LookupDrafter(ends=ends).match([3, 9, 3, 9, 3], 6) == ([], 0)  # an end token is never copied
 
 
 def test_lookup_alpha_is_tracked_by_agreement_length():
@@ -318,7 +334,8 @@ def test_auto_weighs_a_dflash_block_by_its_cost_per_draft_and_caps_it(block_seco
 STEP = 0.040  # a target step on the fake clock
 
 
-def _timed_rounds(monkeypatch, costs: dict, n_tokens: int = 240, moved: dict | None = None, at: int = 0):
+def _timed_rounds(monkeypatch, costs: dict, n_tokens: int = 240, moved: dict | None = None, at: int = 0,
+                  lookup: LookupDrafter | None = None):
     """Auto on a fake pair whose decodes cost, on a clock only they move, costs["fixed"] + costs["row"] per row
     (the target) and costs["draft"] per call (the draft), planning with a cost table that says verifying is
     nearly free and the draft is cheap; after `at` timed rounds the costs become `moved`. Returns auto's greedy
@@ -335,7 +352,7 @@ def _timed_rounds(monkeypatch, costs: dict, n_tokens: int = 240, moved: dict | N
     draft = target.like(7, 0.0, clock=clock, seconds=lambda n: costs["draft"])  # the same model: always right
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
     table = gpu_like()
-    auto = AutoDrafter(Verification.of(table, False), table, lookup=LookupDrafter(), model=ModelDrafter(draft))
+    auto = AutoDrafter(Verification.of(table, False), table, lookup=lookup or LookupDrafter(), model=ModelDrafter(draft))
     texts, timed = [], []
     for drafter in (None, auto):
         logits, _ = prefill(target, prompt)
@@ -374,7 +391,8 @@ def test_a_source_the_table_says_pays_is_dropped_within_a_few_rounds_where_its_r
 def test_a_paused_source_that_pays_again_is_taken_back(monkeypatch):
     """The same pair, until the host's costs move (a busy GPU freed): then the draft pays and auto drafts again."""
     out, plain, timed = _timed_rounds(monkeypatch, {"fixed": 0.0, "row": STEP, "draft": STEP}, n_tokens=400,
-                                      moved={"fixed": STEP - 0.001, "row": 0.001, "draft": 0.004}, at=40)
+                                      moved={"fixed": STEP - 0.001, "row": 0.001, "draft": 0.004}, at=40,
+                                      lookup=NoCopies())
     assert out == plain
     sources = [r.source for r in timed]
     assert sources[:40].count("draft") < 12
