@@ -6,7 +6,7 @@ auto are tested on one in milliseconds (tests/fake.py).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import ContextManager, Literal, Protocol, Sequence
 
 import numpy as np
@@ -200,12 +200,15 @@ class Stats:
         return out
 
     def copy(self) -> "Stats":
-        """A copy that later rounds do not change (its lists and dicts are its own)."""
-        out = replace(self)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, (list, dict)):
-                setattr(out, f.name, value.copy())
+        """A copy that later rounds do not change (its lists and dicts are its own). Made for every streamed
+        chunk, so made directly (dataclasses.replace and fields() cost four times as much: 40 us a round under
+        a profiler, a tenth of a round at a GPU's step on a tiny model)."""
+        out = object.__new__(type(self))
+        state = out.__dict__
+        state.update(self.__dict__)
+        for name, value in state.items():
+            if type(value) is list or type(value) is dict:
+                state[name] = value.copy()
         return out
 
     def to_dict(self) -> dict:
