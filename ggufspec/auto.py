@@ -167,7 +167,7 @@ class AutoDrafter(Drafter):
         longest_copy = min(draft_max, self.lookup_max or draft_max) if allows("lookup") else 0
         match, agreement = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0)
         if match:
-            a = self.lookup_alpha[lookup_bucket(agreement)].optimistic(self.explore)
+            a = self.lookup_estimate(agreement)
             for n in range(1, len(match) + 1):
                 r = self.rate(a, n, 0.0, n_past)
                 if r > best[2]:
@@ -199,6 +199,14 @@ class AutoDrafter(Drafter):
             draft, rate = Draft(tokens=[], seconds=time.perf_counter() - start, source="target"), 1 / self.step_cost
         draft.predicted_rate = rate
         return draft
+
+    def lookup_estimate(self, agreement: int) -> float:
+        """The acceptance a lookup draft of this agreement is planned with: its bucket's estimate with the exploration
+        bonus, but no higher than any bucket of a longer agreement (with its bonus): a copy agreeing further back is
+        never the worse bet, so where long copies fail in this text (a summary quoting its source, then writing its
+        own words) the shorter ones are not each tried before they are believed to fail too."""
+        bucket = lookup_bucket(agreement)
+        return min(e.optimistic(self.explore) for m, e in self.lookup_alpha.items() if m >= bucket)
 
     def p_min_for(self, n: int, n_past: int) -> float:
         """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,

@@ -101,6 +101,19 @@ def test_lookup_continues_a_text_that_repeats_itself_past_the_historys_end():
     assert LookupDrafter(ends=ends).match([3, 9, 3, 9, 3], 6) == ([], 0)  # an end token is never copied
 
 
+def test_long_copies_that_fail_lower_the_shorter_copies_estimates_too():
+    """A summary quotes its source for 19 tokens, then writes its own words: the failed long copy makes auto stop
+    believing the shorter copies (bucket 8's prior 0.8 and its exploration bonus) without failing each of them."""
+    d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter())
+    before = d.lookup_estimate(10)
+    for _ in range(3):
+        d.observe(Round(tokens=[1], n_drafted=7, n_accepted=0,
+                        draft=Draft(tokens=[1] * 7, source="lookup", agreement=19)))
+    assert d.lookup_estimate(10) < before - 0.2 and d.lookup_estimate(10) <= d.lookup_estimate(19)
+    assert d.lookup_alpha[8].drafted == 2.0  # bucket 8's own evidence is untouched
+    assert d.lookup_estimate(40) > d.lookup_estimate(19)  # a copy agreeing further back keeps its own estimate
+
+
 def test_lookup_alpha_is_tracked_by_agreement_length():
     assert [lookup_bucket(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 99)] == [1, 1, 2, 3, 4, 4, 8, 8, 16, 16, 32, 32]
     d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter())
