@@ -22,9 +22,17 @@ prints one table, step by step inside a time budget, each step's rows saved as s
     python3 dev/gpu_figures.py run --bundle .devcarry --out $OUT  # there (device run, carry .devcarry)
     python dev/gpu_figures.py run --bin "$(../shared/tools/llama-cpp-reference)" --small   # a try on a CPU
 
-The CUDA build (docs/install.md has the cmake line): llama.cpp's source as llama-cpp-reference unpacks it,
--DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_AVX2=ON, cuBLAS from the nvidia-cublas wheel
-where the toolkit has none, targets llama llama-bench llama-speculative-simple mtmd.
+The CUDA build BUILD_DIR, on a machine with nvcc (no GPU or driver needed; 26 minutes on 2 cores for one
+architecture): llama.cpp's source as ../shared/tools/llama-cpp-reference unpacks it (SRC), cuBLAS from the
+nvidia-cublas wheel where the toolkit has none (`pip download nvidia-cublas`, unzipped: CUBLAS), and a stub
+libcuda.so.1 defining the driver functions ggml-cuda calls (cuDeviceGet, cuMemCreate, ...: `nm -D --undefined-only
+libggml-cuda.so`), so that the library records its need of the real one; the host code for AVX2, not this CPU:
+
+    cmake -S SRC -B BUILD_DIR -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_CURL=OFF \
+      -DCUDA_cublas_LIBRARY=CUBLAS/lib/libcublas.so.13 -DCUDA_cublasLt_LIBRARY=CUBLAS/lib/libcublasLt.so.13 \
+      -DCUDA_cuda_driver_LIBRARY=STUB/libcuda.so -DCMAKE_CUDA_FLAGS=-ICUBLAS/include -DCMAKE_CXX_FLAGS=-ICUBLAS/include
+    ninja -C BUILD_DIR llama-bench llama-speculative-simple llama mtmd
 """
 
 from __future__ import annotations
