@@ -121,9 +121,11 @@ def test_mtp_greedy_and_seeded_identity_on_the_device(gpu, tmp_path_factory, ngl
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_eagle3_and_dflash_identity_with_the_draft_on_the_device(gpu, tmp_path_factory, kind):
     """An EAGLE-3 / DFlash draft on the device following a target on the CPU: its drafts keep the target's greedy
-    and seeded text. With any of the target's layers on the device, reading their inputs corrupts the heap in this
-    llama.cpp release (malloc aborted at the first decode): one line instead, before any is read."""
+    and seeded text. With any of the target's layers on a Vulkan device, reading their inputs corrupts the heap in
+    this llama.cpp release (its own speculative-simple crashes too): one line instead, before any is read; on CUDA the
+    target's layers go there as well and the text stays the target's."""
     from ggufspec.errors import GGUFSpecError
+    from ggufspec.llama.hidden import LAYER_INPUTS_COPY_BACK
     from tiny_hidden import read_target, write_tiny_dflash, write_tiny_eagle3, write_tiny_target
 
     d = tmp_path_factory.mktemp(f"{kind}-gpu")
@@ -138,6 +140,12 @@ def test_eagle3_and_dflash_identity_with_the_draft_on_the_device(gpu, tmp_path_f
         assert e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, seed=3, temperature=0.8,
                           ignore_eos=True).tokens == seeded
     for ngl in (-1, 2):
+        if gpu.startswith(LAYER_INPUTS_COPY_BACK):  # CUDA: the target's layers there too, the text still the target's
+            with Engine(target, draft, n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=-1) as e:
+                assert on_device(e.weights()["target"], gpu) > 0
+                greedy = e.generate("def fib(n):", max_tokens=32, mode="target", ignore_eos=True).tokens
+                assert e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, ignore_eos=True).tokens == greedy
+            continue
         with pytest.raises(GGUFSpecError, match=f"cannot copy back from {gpu} without corrupting memory: keep the "
                                                 r"target's layers on the CPU \(-ngl 0"):
             Engine(target, draft, n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=-1)
