@@ -98,7 +98,6 @@ class FakeTarget:
         return 0
 
 
-
 class NoCopies(LookupDrafter):
     """A prompt lookup that never finds a copy, for tests of the other sources: a fake target's greedy text falls
     into a cycle after some tokens, which the real lookup drafts to the end (the cheapest source there)."""

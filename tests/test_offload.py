@@ -7,10 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from clirun import TIMEOUT, one_line, run, stderr_lines
+from clirun import TIMEOUT, one_line, run, stderr_lines, stderr_until
 
 import pytest
 from click.testing import CliRunner
@@ -210,14 +209,7 @@ def _tune_process(args, runs_done: int):
     `runs_done` runs (the first 3 are warm-up: not rows)."""
     proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "tune", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "GGUFSPEC_STDERR_TTY": "1"})
-    seen, deadline, mark = b"", time.monotonic() + TIMEOUT, f"bench {runs_done}/".encode()
-    while mark not in seen and time.monotonic() < deadline:
-        chunk = os.read(proc.stderr.fileno(), 256)
-        if not chunk:
-            break
-        seen += chunk
-    assert mark in seen, seen.decode()
-    return proc, seen
+    return proc, stderr_until(proc, f"bench {runs_done}/".encode())
 
 
 @pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")])
