@@ -125,11 +125,31 @@ def test_concurrent_refreshes_of_two_models_keep_both(tiny):
 
     from ggufspec.llama import measure
 
-    procs = [subprocess.Popen([sys.executable, "-m", "ggufspec", "costs", "-m", tiny[name], "--refresh"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for name in ("target", "close")]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    procs = {name: subprocess.Popen([sys.executable, "-m", "ggufspec", "costs", "-m", tiny[name], "--refresh"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for name in ("target", "close")}
+    errs = {name: p.communicate(timeout=300)[1] for name, p in procs.items()}
+    assert [p.returncode for p in procs.values()] == [0, 0], errs
     files = {k.split("|")[0] for k in measure.load_cache()}
-    assert {str(Path(tiny["target"]).resolve()), str(Path(tiny["close"]).resolve())} <= files
+    for name, err in errs.items():
+        # two measurements at once on two cores may each see the other's load: one whose times stayed erratic says
+        # so and is (rightly) not cached; every other one is kept beside the other process's
+        assert str(Path(tiny[name]).resolve()) in files or "not cached" in err, (name, err)
+
+
+def test_writers_at_once_keep_every_entry(tmp_path):
+    """The cache's lock and merge, without timing: eight processes each write their own entry at the same moment."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GGUFSPEC_COSTS_FILE": str(tmp_path / "costs.json")}
+    code = ("import sys, time; from ggufspec.llama import measure; time.sleep(max(0, float(sys.argv[2]) - time.time()));"
+            " measure._update_cache({f'model {sys.argv[1]}|draft': {'token_seconds': 0.5}})")
+    start = time.time() + 2
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(start)], env=env) for i in range(8)]
+    assert [p.wait(timeout=60) for p in procs] == [0] * 8
+    cache = json.loads((tmp_path / "costs.json").read_text())
+    assert {f"model {i}|draft" for i in range(8)} <= set(cache)
 
 
 @pytest.mark.parametrize("stays_erratic", [False, True])
