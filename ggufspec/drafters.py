@@ -72,7 +72,7 @@ class ModelDrafter(Drafter):
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
         """Start a new generation: the prompt but its last token goes into the KV cache now (lazy:
         when the draft is first used). reuse: keep the cache's whole aligned batches of this prompt."""
-        prompt_tokens = [self._own(t) for t in prompt_tokens]
+        prompt_tokens = self._own_history(prompt_tokens)
         keep = self._committed = self.ctx.start(prompt_tokens, reuse=reuse)
         if not lazy and len(prompt_tokens) - 1 > keep:
             with self.ctx.no_rewind():  # drafts are rewound to the history, never into the prompt
@@ -84,16 +84,22 @@ class ModelDrafter(Drafter):
         the next sync keeps whatever prefix of the KV cache it shares and rewinds the rest."""
         self._committed = 0
 
+    def _own_history(self, history: list[int]) -> list[int]:
+        """The history in the draft's own ids (the same list where every target id is the draft's too)."""
+        return history if self.target_n_vocab <= self.ctx.n_vocab else [self._own(t) for t in history]
+
     def _sync(self, history: list[int]) -> list[int]:
-        """Drop rejected drafts from the KV cache; return the history tokens it has not seen."""
+        """Drop rejected drafts from the KV cache; return the history tokens it has not seen (in the draft's ids)."""
+        history = self._own_history(history)
         i = self._committed
         n = min(len(self.kv_tokens), len(history))
-        while i < n and self.kv_tokens[i] == self._own(history[i]):
+        kv = self.kv_tokens
+        while i < n and kv[i] == history[i]:
             i += 1
         if i == len(history):  # nothing new: step back one token so there are logits to draft from
             i -= 1
         self.ctx.truncate(i)
-        return [self._own(t) for t in history[i:]]
+        return history[i:]
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
                 *, noise: PositionNoise | None = None, p_min: float | None = None,

@@ -27,9 +27,11 @@ from .llama.heads import MtpHead, check_mtp
 from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose, warn_once
-from .llama.compat import check_compatible
+from .llama.compat import check_compatible, incompatibility
+from .llama.vocab import TextBridge
 from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import HeadDrafter, LookupDrafter, ModelDrafter
+from .textdraft import TextDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
 from .llama.gguf_info import check_kv_cache_types, kv_cache_type
@@ -71,6 +73,8 @@ class Engine(Closing):
         kv_cache_type(type_v, "-ctv/--cache-type-v")
         set_verbose(verbose)
         self.target_model = self.target_ctx = self.draft_model = self.draft_ctx = self.mtp_model = self.head_model = None
+        self.bridge = None  # a draft model of another vocabulary: text between the two (llama.vocab.TextBridge)
+        self.vocab_difference = None  # and how the vocabularies differ, in a line
         self.heads: dict = {}  # heads following the target's hidden states, by name: mtp, eagle3, dflash
         self.file_head: str | None = None  # the head the -md file is (an mtp-*.gguf, an eagle3 or dflash draft)
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
@@ -94,8 +98,11 @@ class Engine(Closing):
         if self.costs is not None:
             self.costs.experts = self.target_model.info.experts
         # The draft's drafter follows the draft context's cache from one generation to the next.
-        self.model_drafter = ModelDrafter(self.draft_ctx,
-                                          target_n_vocab=self.target_model.n_vocab) if self.draft_model else None
+        self.model_drafter = None
+        if self.bridge is not None:
+            self.model_drafter = TextDrafter(self.draft_ctx, self.bridge, target_n_vocab=self.target_model.n_vocab)
+        elif self.draft_model is not None:
+            self.model_drafter = ModelDrafter(self.draft_ctx, target_n_vocab=self.target_model.n_vocab)
         # One generation at a time: a generation started in another thread waits for the running one;
         # one started in the same thread supersedes its unfinished stream (resuming that one raises).
         self._turn = threading.Lock()
@@ -124,7 +131,9 @@ class Engine(Closing):
             self.file_head, draft = info.architecture, None
         if draft is not None:
             self.draft_model = Model(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices)
-            check_compatible(self.target_model, self.draft_model)
+            self.vocab_difference = incompatibility(self.target_model, self.draft_model)
+            if self.vocab_difference:  # another vocabulary: the draft drafts through text (textdraft)
+                self.bridge = TextBridge(self.target_model, self.draft_model)
             check_kv_cache_types(self.draft_model.info, *cache_types)
             self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                      cache_types=cache_types)

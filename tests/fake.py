@@ -104,3 +104,45 @@ class NoCopies(LookupDrafter):
 
     def match(self, history, draft_max):
         return [], 0
+
+
+class FakeBridge:
+    """Two vocabularies of texts (lists of strings, "" for a control token) and a greedy longest-match tokenizer
+    for each: the `textdraft.Bridge` a TextDrafter reads, with no llama.cpp. Characters a vocabulary cannot write
+    are dropped (its tokenization then does not give the text back, as with a lossy tokenizer)."""
+
+    def __init__(self, target_texts: list[str], draft_texts: list[str], draft_prefix: list[int] = ()):
+        self.target_texts, self.draft_texts = target_texts, draft_texts
+        self.draft_prefix = list(draft_prefix)
+        self.draft_stops = np.array([t == "" for t in draft_texts])
+        self.tokenized = 0  # bytes tokenized for the draft, all told
+
+    def target_piece(self, token: int) -> bytes:
+        return self.target_texts[token].encode()
+
+    def draft_piece(self, token: int) -> bytes:
+        return self.draft_texts[token].encode()
+
+    @staticmethod
+    def _tokenize(texts: list[str], text: bytes) -> list[int]:
+        s, out, i = text.decode(), [], 0
+        by_text = {t: k for k, t in enumerate(texts) if t}
+        longest = max(map(len, by_text))
+        while i < len(s):
+            n = next((n for n in range(min(longest, len(s) - i), 0, -1) if s[i:i + n] in by_text), 0)
+            if n:
+                out.append(by_text[s[i:i + n]])
+            i += max(n, 1)
+        return out
+
+    def to_draft(self, text: bytes) -> list[int]:
+        self.tokenized += len(text)
+        return self._tokenize(self.draft_texts, text)
+
+    def to_target(self, text: bytes) -> list[int]:
+        return self._tokenize(self.target_texts, text)
+
+    def shared(self):
+        pairs = [(d, self.target_texts.index(t)) for d, t in enumerate(self.draft_texts) if t and t in self.target_texts]
+        ids = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        return ids[:, 0], ids[:, 1]

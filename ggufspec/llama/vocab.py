@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from .gguf_info import file_stamp
 from .runtime import C
 
+TOKEN_ATTR_UNKNOWN, TOKEN_ATTR_UNUSED, TOKEN_ATTR_CONTROL, TOKEN_ATTR_BYTE = 1 << 0, 1 << 1, 1 << 3, 1 << 5  # llama_token_attr
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
 
@@ -41,3 +44,71 @@ class LlamaModel(VocabFacts):
         cp = llama.context_params
         self.devices_key = (f"Llama fa{getattr(cp, 'flash_attn_type', '?')} ub{cp.n_ubatch} "
                             f"tb{cp.n_threads_batch} kqv{int(cp.offload_kqv)}")
+
+
+class TextBridge:
+    """Text between a target's vocabulary and a draft's of another (textdraft.Bridge): each token's text, each
+    tokenizer, and the tokens both share by text. Control tokens (template markers, ends of generation) never
+    cross: a target's has no text for the draft, a draft's stops its draft."""
+
+    def __init__(self, target, draft):
+        self.target, self.draft = target, draft
+        self.draft_prefix = [draft.bos] if draft.add_bos and draft.bos >= 0 else []
+        self.draft_stops = self._no_text(draft)
+        self._target_none = self._no_text(target)
+        self._target_pieces: dict[int, bytes] = {}
+        self._draft_pieces: dict[int, bytes] = {}
+        self._shared = None
+
+    @staticmethod
+    def _no_text(model) -> np.ndarray:
+        """Tokens with no text of their own to share: control, unknown and unused ones, and ends of generation."""
+        attrs = np.array([C.llama_vocab_get_attr(model._vocab, t) for t in range(model.n_vocab)], dtype=np.int64)
+        return (attrs & (TOKEN_ATTR_UNKNOWN | TOKEN_ATTR_UNUSED | TOKEN_ATTR_CONTROL)).astype(bool) | model.eog_mask
+
+    def target_piece(self, token: int) -> bytes:
+        piece = self._target_pieces.get(token)
+        if piece is None:
+            piece = self._target_pieces[token] = b"" if self._target_none[token] else self.target.token_to_piece(token)
+        return piece
+
+    def draft_piece(self, token: int) -> bytes:
+        piece = self._draft_pieces.get(token)
+        if piece is None:
+            piece = self._draft_pieces[token] = self.draft.token_to_piece(token)
+        return piece
+
+    def to_draft(self, text: bytes) -> list[int]:
+        return self.draft.tokenize(text, add_special=False, parse_special=False)
+
+    def to_target(self, text: bytes) -> list[int]:
+        return self.target.tokenize(text, add_special=False, parse_special=False)
+
+    def shared(self) -> tuple[np.ndarray, np.ndarray]:
+        """(draft ids, target ids) of the tokens whose texts are the same, one to one (the first of a text's ids)."""
+        if self._shared is None:
+            self._shared = shared_tokens(self.target, self.draft, self._target_none, self.draft_stops)
+        return self._shared
+
+    def share(self) -> float:
+        """The fraction of the target's tokens the draft has too."""
+        return len(self.shared()[1]) / self.target.n_vocab
+
+
+def shared_tokens(target, draft, target_none=None, draft_none=None) -> tuple[np.ndarray, np.ndarray]:
+    """(draft ids, target ids) of the tokens two vocabularies share by text, one to one, control tokens left out."""
+    target_none = TextBridge._no_text(target) if target_none is None else target_none
+    draft_none = TextBridge._no_text(draft) if draft_none is None else draft_none
+    by_text: dict[bytes, int] = {}
+    for t in range(target.n_vocab):
+        if not target_none[t]:
+            by_text.setdefault(target.token_to_piece(int(t)), int(t))
+    pairs = []
+    byte = np.array([C.llama_vocab_get_attr(draft._vocab, d) & TOKEN_ATTR_BYTE for d in range(draft.n_vocab)], dtype=bool)
+    for d in [*np.flatnonzero(~byte), *np.flatnonzero(byte)]:  # a text's normal token before its byte-fallback one
+        if not draft_none[d]:
+            t = by_text.pop(draft.token_to_piece(int(d)), None)  # popped: one draft id per target id
+            if t is not None:
+                pairs.append((d, t))
+    ids = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    return ids[:, 0], ids[:, 1]

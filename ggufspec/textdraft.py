@@ -1,0 +1,159 @@
+"""A draft model of another vocabulary: speculation across tokenizers, through text.
+
+Two rules, after Timor et al., "Accelerating LLM Inference with Lossless Speculative Decoding Algorithms for
+Heterogeneous Vocabularies" (ICML 2025), as transformers ships them:
+
+- greedy, SLEM (string-level exact match): the draft writes in its own vocabulary; its text is tokenized by the
+  target's tokenizer and proposed as target tokens. The target keeps a token only where it is its own argmax, so any
+  proposal is safe; a good one is the text the target would write.
+- sampled, on the tokens both vocabularies share by text (TLI, token-level intersection): the draft's logits are
+  restricted to those tokens and moved to the target's ids, one to one, so q is a distribution over target ids and
+  the verification rules run unchanged (the coupled rule with a seed, Leviathan's without).
+
+The draft's KV cache follows the history's text: the target's accepted tokens are written out as text (control
+tokens, which have none to share, are left out), and the text is tokenized by the draft's tokenizer a window at a
+time: the last `WINDOW` draft tokens are tokenized again with the new text, since a merge may reach back across
+them; what comes before stays, so the draft's cache is never evaluated again from the start.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .core import Draft, Target
+from .drafters import ModelDrafter, draft_tokens
+from .sampling import PositionNoise, SamplingParams
+
+WINDOW = 4  # draft tokens tokenized again with each new text: a merge rarely reaches further back
+OVERLAP = 3  # target tokens written before a draft's text when tokenizing it, so its first token merges as the target's
+NO_TOKEN = -1e30  # the logit of a draft token the target has not got (exp() of it is 0, and it stays finite)
+
+
+class Bridge(Protocol):
+    """What a text drafter needs of the two tokenizers (llama.vocab.TextBridge is one; tests/fake.py another)."""
+
+    draft_prefix: list[int]  # what the draft's tokenizer starts a text with (its BOS, where it adds one)
+    draft_stops: np.ndarray  # draft tokens a draft stops at: its control tokens and ends of generation
+
+    def target_piece(self, token: int) -> bytes: ...  # b"" for a control token
+    def draft_piece(self, token: int) -> bytes: ...
+    def to_draft(self, text: bytes) -> list[int]: ...  # no BOS, special tokens not parsed
+    def to_target(self, text: bytes) -> list[int]: ...
+    def shared(self) -> tuple[np.ndarray, np.ndarray]: ...  # (draft ids, target ids) of the same texts, one to one
+
+
+def complete_utf8(text: bytes) -> bytes:
+    """`text` less a last character cut short (a draft may end inside one; the target would not propose half)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("ignore")
+    decoder.decode(text, final=False)
+    pending = len(decoder.getstate()[0])
+    return text[: len(text) - pending] if pending else text
+
+
+class TextDrafter(ModelDrafter):
+    """A draft model whose vocabulary is not the target's: proposals and q in the target's ids (see the module)."""
+
+    name = "draft"
+
+    def __init__(self, ctx: Target, bridge: Bridge, *, target_n_vocab: int, p_min: float = 0.0):
+        super().__init__(ctx, p_min=p_min)
+        self.bridge = bridge
+        self.target_vocab = target_n_vocab  # the proposals' ids (the inner ModelDrafter works in the draft's)
+        self._text_of: list[int] = []  # the target history converted so far
+        self._text = b""
+        self._draft: list[int] = []  # the draft's tokenization of _text (after draft_prefix)
+        self._ends: list[int] = []  # where each of those ends in _text
+
+    def _own_history(self, history: list[int]) -> list[int]:
+        """The history as the draft's tokens: its text, tokenized by the draft a window at a time."""
+        bridge = self.bridge
+        n = len(self._text_of)
+        if len(history) < n or history[:n] != self._text_of:  # not an extension: a new text
+            self._text_of, self._text, self._draft, self._ends, n = [], b"", [], [], 0
+            self._committed = min(self._committed, len(bridge.draft_prefix))
+        new = b"".join(bridge.target_piece(t) for t in history[n:])
+        self._text_of = list(history)
+        if new:
+            keep = max(0, len(self._draft) - WINDOW)
+            start = self._ends[keep - 1] if keep else 0
+            self._text += new
+            tail = bridge.to_draft(self._text[start:])
+            ends, at = [], start
+            for t in tail:
+                at += len(bridge.draft_piece(t))
+                ends.append(at)
+            if at != len(self._text):  # the tokenizer changed the text (a space added): tokenize it all anew
+                keep, tail = 0, bridge.to_draft(self._text)
+                ends, at = [], 0
+                for t in tail:
+                    at += len(bridge.draft_piece(t))
+                    ends.append(at)
+            self._draft = self._draft[:keep] + tail
+            self._ends = self._ends[:keep] + ends
+            self._committed = min(self._committed, len(bridge.draft_prefix) + keep)  # the cache agrees up to here at most
+        return bridge.draft_prefix + self._draft
+
+    def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
+        super().reset(prompt_tokens, reuse=reuse, lazy=lazy)
+        self._committed = min(self._committed, self._stable(len(self._own_history(prompt_tokens))))
+
+    def _stable(self, n_draft_history: int) -> int:
+        """How much of a draft history of this length later histories keep (the window is tokenized again)."""
+        return max(len(self.bridge.draft_prefix), n_draft_history - WINDOW)
+
+    def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
+                *, noise: PositionNoise | None = None, p_min: float | None = None,
+                may_extend: Callable[[int], bool] | None = None) -> Draft:
+        start = time.perf_counter()
+        p_min = self.p_min if p_min is None else p_min
+        own = self._own_history(history)
+        draft_max = min(draft_max, self.ctx.n_ctx - len(own))
+        if draft_max <= 0 or not own:
+            return Draft(tokens=[], source=self.name)
+        pending = self._sync(history)
+        logits = self.ctx.decode(pending, logits="last")[0]
+        self._committed = min(len(self.kv_tokens), self._stable(len(own)))
+        if params.greedy:
+            tokens, qs = self._by_text(history, logits, draft_max, params, rng, p_min), None
+        else:
+            tokens, qs = self._on_shared(history, logits, draft_max, params, rng, noise, p_min, may_extend)
+        return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
+
+    def _by_text(self, history, logits, draft_max, params, rng, p_min) -> list[int]:
+        """SLEM: the draft's greedy text, as the target's tokenizer writes it after the history's last tokens."""
+        bridge = self.bridge
+        decode = lambda x: self.ctx.decode([x], logits="last")[0]
+        own, _ = draft_tokens(logits, decode, 0, draft_max, params, rng, noise=None, p_min=p_min, may_extend=None,
+                              n_vocab=self.ctx.n_vocab)
+        stop = next((i for i, t in enumerate(own) if bridge.draft_stops[t]), len(own))
+        text = complete_utf8(b"".join(bridge.draft_piece(t) for t in own[:stop]))
+        if not text:
+            return []
+        before = history[-OVERLAP:]
+        lead = b"".join(bridge.target_piece(t) for t in before)
+        tokens = bridge.to_target(lead + text) if lead else []
+        if tokens[: len(before)] == before:  # the history's last tokens stay as they are: what follows continues them
+            tokens = tokens[len(before):]
+        else:  # the draft's first characters merge into the history's last token: its text alone
+            tokens = bridge.to_target(text)
+        return tokens[:draft_max]
+
+    def _on_shared(self, history, logits, draft_max, params, rng, noise, p_min, may_extend):
+        """TLI: the draft's distribution on the shared tokens, in the target's ids; each proposal is fed back to
+        the draft as its own token."""
+        draft_ids, target_ids = self.bridge.shared()
+        to_draft = np.zeros(self.target_vocab, dtype=np.int64)
+        to_draft[target_ids] = draft_ids
+
+        def moved(row: np.ndarray) -> np.ndarray:
+            out = np.full(self.target_vocab, NO_TOKEN, dtype=np.float32)
+            out[target_ids] = row[draft_ids]
+            return out
+
+        return draft_tokens(moved(logits), lambda x: moved(self.ctx.decode([int(to_draft[x])], logits="last")[0]),
+                            len(history), draft_max, params, rng, noise=noise, p_min=p_min, may_extend=may_extend,
+                            n_vocab=self.target_vocab)
