@@ -27,7 +27,7 @@ from .llama.heads import MtpHead, check_mtp
 from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose, warn_once
-from .llama.compat import check_compatible, incompatibility
+from .llama.compat import check_compatible, check_text_drafting, incompatibility
 from .llama.vocab import TextBridge
 from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import HeadDrafter, LookupDrafter, ModelDrafter
@@ -133,6 +133,7 @@ class Engine(Closing):
             self.draft_model = Model(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices)
             self.vocab_difference = incompatibility(self.target_model, self.draft_model)
             if self.vocab_difference:  # another vocabulary: the draft drafts through text (textdraft)
+                check_text_drafting(self.target_model, self.draft_model, self.vocab_difference)
                 self.bridge = TextBridge(self.target_model, self.draft_model)
             check_kv_cache_types(self.draft_model.info, *cache_types)
             self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,

@@ -123,9 +123,9 @@ def test_llama_cpp_reports_the_offloaded_layers(tiny, capfd):
 
 
 def test_tune_with_no_placement_that_loads_says_why_in_one_line(tiny):
-    """Every placement tune tries is refused at load (here: a draft whose vocabulary is not the target's): one line
+    """Every placement tune tries is refused at load (here: a draft whose tokenizer cannot write the target's text): one line
     naming the placement and llama.cpp's or ggufspec's reason, no traceback."""
-    line = one_line(run("tune", "-m", tiny["target"], "-md", tiny["other_vocab"], "-n", 4, "--repeats", 1,
+    line = one_line(run("tune", "-m", tiny["target"], "-md", tiny["letters"], "-n", 4, "--repeats", 1,
                         "--draft-max", "1"), "no placement around the plan could be loaded", "was left out:")
     assert "cannot draft for" in line
 

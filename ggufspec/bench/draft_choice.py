@@ -197,7 +197,8 @@ def drafts_text(out: dict, saved: dict | None = None, nothing_saved: str | None 
                     ("speedup", "measured")]
     lines = [f"target: {t['name']} ({mib(t['size_bytes'])}, {t['quant']}, {t['n_vocab']} tokens)", table(body, columns),
              f"* predicted from sizes: cost = a draft step over a target step (the bytes each reads); expected = "
-             f"Leviathan's speed-up at the best draft length n, at an assumed alpha of {out['assumed_alpha']}"
+             f"Leviathan's speed-up at the best draft length n, at an assumed alpha of {out['assumed_alpha']} "
+             "(a text-level draft's times the share of tokens it writes alike)"
              + ("" if measured else "; `--measure` measures both")]
     if measured:
         lines.append("measured here (greedy): alpha, cost from the measured steps, the speed-up those expect, and the "

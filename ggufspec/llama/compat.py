@@ -47,3 +47,43 @@ def check_compatible(target: Model, draft: Model) -> None:
     reason = incompatibility(target, draft)
     if reason:
         raise GGUFSpecError(f"{draft.path} cannot draft for {target.path}: {reason}; pick a draft from the same model family")
+
+
+def _byte_level_chars() -> list[str]:
+    """GPT-2's byte-to-character map (llama.cpp's unicode_byte_to_utf8): the text a byte-level BPE token has for
+    each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def cannot_write_every_text(model) -> str | None:
+    """Why llama.cpp's tokenizer of this vocabulary would abort on some text (None: it writes any bytes). A text it
+    has no token for goes out as byte tokens, looked up with `unordered_map::at` (llama_vocab::byte_to_token): a
+    vocabulary without them throws there, inside C code."""
+    texts = {model.token_text(t) for t in range(model.n_vocab)}
+    if model.vocab_type in ("spm", "ugm"):
+        missing = [b for b in range(256) if f"<0x{b:02X}>".encode() not in texts and not (b < 0x80 and bytes([b]) in texts)]
+    elif model.vocab_type in ("bpe", "wpm"):
+        missing = [b for b, c in enumerate(_byte_level_chars()) if c.encode() not in texts]
+    else:
+        return f"its {model.vocab_type} vocabulary is not one ggufspec tokenizes text for"
+    if missing:
+        return (f"its {model.vocab_type} vocabulary has no token for {len(missing)} of the 256 bytes (byte 0x{missing[0]:02X} "
+                "first), and llama.cpp's tokenizer aborts on text that needs one")
+    return None
+
+
+def check_text_drafting(target: Model, draft: Model, difference: str) -> None:
+    """One line where a draft of another vocabulary cannot draft through text (see cannot_write_every_text)."""
+    for role, model in (("draft", draft), ("target", target)):
+        problem = cannot_write_every_text(model)
+        if problem:
+            raise GGUFSpecError(f"{draft.path} cannot draft for {target.path}: {difference}, and across tokenizers "
+                                f"the {role} cannot: {problem}; pick a draft with byte tokens (most GGUF models have them)")

@@ -100,15 +100,21 @@ def shared_tokens(target, draft, target_none=None, draft_none=None) -> tuple[np.
     target_none = TextBridge._no_text(target) if target_none is None else target_none
     draft_none = TextBridge._no_text(draft) if draft_none is None else draft_none
     by_text: dict[bytes, int] = {}
-    for t in range(target.n_vocab):
+    for t in _normal_first(target):
         if not target_none[t]:
             by_text.setdefault(target.token_to_piece(int(t)), int(t))
     pairs = []
-    byte = np.array([C.llama_vocab_get_attr(draft._vocab, d) & TOKEN_ATTR_BYTE for d in range(draft.n_vocab)], dtype=bool)
-    for d in [*np.flatnonzero(~byte), *np.flatnonzero(byte)]:  # a text's normal token before its byte-fallback one
+    for d in _normal_first(draft):
         if not draft_none[d]:
             t = by_text.pop(draft.token_to_piece(int(d)), None)  # popped: one draft id per target id
             if t is not None:
                 pairs.append((d, t))
     ids = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     return ids[:, 0], ids[:, 1]
+
+
+def _normal_first(model) -> list[int]:
+    """The vocabulary's ids, its byte-fallback tokens last: a text's own token (a letter, a newline) is the one a
+    model predicts, not the byte token of the same text."""
+    byte = np.array([C.llama_vocab_get_attr(model._vocab, t) & TOKEN_ATTR_BYTE for t in range(model.n_vocab)], dtype=bool)
+    return [*np.flatnonzero(~byte), *np.flatnonzero(byte)]

@@ -152,17 +152,26 @@ class _TargetVocabulary:
         if self.model is not None:
             self.model.close()
 
-    def incompatibility(self, draft: Path) -> str | None:
+    def pairing(self, draft: Path, *, same_only: bool = False) -> tuple[str | None, float | None]:
+        """(why the draft cannot draft for the target, or None; the fraction of the target's tokens it shares by text
+        where it drafts across tokenizers, else None). same_only: the same vocabulary or none (MTP layers)."""
         from ..llama.backend import Model
-        from ..llama.compat import incompatibility
+        from ..llama.compat import cannot_write_every_text, incompatibility
+        from ..llama.vocab import shared_tokens
 
         if self.model is None:
             self.model = Model(self.path, role="target", vocab_only=True)
         try:
             with Model(draft, role="draft", vocab_only=True) as model:
-                return incompatibility(self.model, model)
+                difference = incompatibility(self.model, model)
+                if difference is None or same_only:
+                    return difference, None
+                problem = cannot_write_every_text(model) or cannot_write_every_text(self.model)
+                if problem:
+                    return f"{difference}; across tokenizers: {problem}", None
+                return None, len(shared_tokens(self.model, model)[1]) / self.model.n_vocab
         except GGUFSpecError:
-            return "llama.cpp cannot read its vocabulary"
+            return "llama.cpp cannot read its vocabulary", None
 
 
 def check_file(name: str, source: str, path: Path, target, target_bytes: int, vocabulary) -> Candidate:
@@ -172,6 +181,7 @@ def check_file(name: str, source: str, path: Path, target, target_bytes: int, vo
     from ..llama.draft_fit import is_mtp_file, mtp_file_misfit
 
     c = Candidate(name, "draft", source, False, "", str(path))
+    share = None  # a draft of another vocabulary: the fraction of the target's tokens it writes alike
     try:
         info = read_info(path)
     except GGUFSpecError as e:
@@ -195,12 +205,16 @@ def check_file(name: str, source: str, path: Path, target, target_bytes: int, vo
         c.why = "a vocabulary alone, no weights"
     else:
         c.mode = "mtp" if is_mtp_file(info) else "draft"
-        reason = ((mtp_file_misfit(target, info) if c.mode == "mtp" else None) or header_incompatibility(target, info)
-                  or vocabulary.incompatibility(path))
-        c.usable, c.why = reason is None, reason or ("the target's MTP layers, in a file of their own" if c.mode == "mtp"
-                                                     else _vocabulary_fits(target.n_vocab, info.n_vocab))
+        mtp = c.mode == "mtp"
+        reason = (mtp_file_misfit(target, info) if mtp else None) or (header_incompatibility(target, info) if mtp else None)
+        if reason is None:
+            reason, share = vocabulary.pairing(path, same_only=mtp)
+        c.usable, c.why = reason is None, reason or ("the target's MTP layers, in a file of their own" if mtp else
+                                                     f"text-level: shares {100 * share:.0f}% of the target's tokens"
+                                                     if share is not None else _vocabulary_fits(target.n_vocab, info.n_vocab))
     if c.usable:
-        predict(c, target_bytes, step_bytes(info, mtp=c.mode == "mtp"))
+        # across tokenizers, a token the draft cannot write as the target does is never drafted right
+        predict(c, target_bytes, step_bytes(info, mtp=c.mode == "mtp"), ASSUMED_ALPHA * (share or 1.0))
     return c
 
 

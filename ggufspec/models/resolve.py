@@ -242,7 +242,8 @@ def check_pair(target: str, draft: str | None = None, registry=None) -> str:
     """One sentence saying the draft can serve the target; GGUFSpecError saying why not. No draft: TARGET is a
     pair's name (its target and draft), or a model checked for MTP layers of its own to draft with."""
     from ..llama.backend import Model
-    from ..llama.compat import check_compatible
+    from ..llama.compat import check_compatible, check_text_drafting, incompatibility
+    from ..llama.vocab import shared_tokens
     from ..llama.draft_fit import alone_misuse, is_mtp_file, mtp_file_misfit
     from ..llama.gguf_info import read_info
     from ..llama.heads import check_mtp_file
@@ -268,14 +269,26 @@ def check_pair(target: str, draft: str | None = None, registry=None) -> str:
     with Model(target_path, role="target", vocab_only=True) as t, Model(draft_path, role="draft", vocab_only=True) as d:
         if d.info.architecture in ("eagle3", "dflash"):
             return _check_hidden_draft(t.path, d.path)
-        check_compatible(t, d)
         if is_mtp_file(d.info):
+            check_compatible(t, d)
             return (f"compatible: {d.path.name} holds the MTP layers of {t.path.name} ({d.info.n_nextn} block"
                     f"{'s' if d.info.n_nextn > 1 else ''}): use -md {d.path.name} --mode mtp")
+        difference = incompatibility(t, d)
         for m in (t, d):  # a vocabulary that fits is not yet a model that loads: load each (mapped, not copied)
             Model(m.path, role=m.role, repack=False).close()
         mtp = t.info.n_nextn
-        return (f"compatible: {d.path.name} can draft for {t.path.name} ({t.vocab_type} vocabulary, {t.n_vocab} tokens)"
+        if difference:
+            check_text_drafting(t, d, difference)
+            n_shared = len(shared_tokens(t, d)[1])
+            how = (f"across tokenizers, through text ({difference}): its greedy drafts are its text as the target "
+                   f"tokenizes it, its sampled ones on the {n_shared:,} tokens both write alike "
+                   f"({100 * n_shared / t.n_vocab:.0f}% of the target's {t.n_vocab:,})")
+        elif t.n_vocab != d.n_vocab:
+            how = (f"padded vocabulary: {t.vocab_type}, target {t.n_vocab:,} tokens, draft {d.n_vocab:,}; the ids both "
+                   "have are the same tokens")
+        else:
+            how = f"same vocabulary: {t.vocab_type}, {t.n_vocab:,} tokens"
+        return (f"compatible: {d.path.name} can draft for {t.path.name}, {how}"
                 + (f"; {t.path.name} also carries {mtp} MTP layer{'s' if mtp > 1 else ''} of its own (--mode mtp)"
                    if mtp else ""))
 
