@@ -1,0 +1,58 @@
+"""A draft model of another vocabulary on llama.cpp: the target's text token for token (greedy) and its own sampled
+text (a seed), on tiny models and on the real pair of another tokenizer (Qwen2.5-Coder's byte-level BPE target,
+Gemma 3's SentencePiece draft)."""
+
+import pytest
+from conftest import real_model
+
+from ggufspec import Engine
+from ggufspec.textdraft import TextDrafter
+
+PROMPTS = ["ab cd ef", "k#l m!"]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny):
+    with Engine(tiny["target"], tiny["other_vocab"], n_ctx=256) as e:  # the same texts at other ids
+        yield e
+
+
+def test_a_draft_of_another_vocabulary_is_a_text_drafter(tiny_engine):
+    assert isinstance(tiny_engine.model_drafter, TextDrafter)
+    assert "token 259 differs" in tiny_engine.vocab_difference
+
+
+@pytest.mark.parametrize("mode", ["draft", "auto"])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_text_is_the_targets_across_tokenizers(tiny_engine, prompt, mode):
+    alone = tiny_engine.generate(prompt, max_tokens=48, mode="target", ignore_eos=True)
+    out = tiny_engine.generate(prompt, max_tokens=48, mode=mode, draft_max=4, ignore_eos=True)
+    assert out.tokens == alone.tokens
+    assert mode == "auto" or out.stats.n_drafted > 0
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_a_seed_writes_the_targets_own_text_across_tokenizers(tiny_engine, prompt):
+    kw = dict(max_tokens=48, temperature=0.8, seed=11, ignore_eos=True)
+    alone = tiny_engine.generate(prompt, mode="target", **kw)
+    out = tiny_engine.generate(prompt, mode="draft", draft_max=4, **kw)
+    assert out.tokens == alone.tokens and out.stats.n_drafted > 0
+
+
+def test_unseeded_sampling_drafts_on_the_shared_tokens(tiny_engine):
+    out = tiny_engine.generate(PROMPTS[0], max_tokens=48, mode="draft", temperature=1.0, draft_max=3, ignore_eos=True)
+    assert len(out.tokens) == 48 and out.stats.n_drafted > 0
+
+
+@pytest.mark.slow
+def test_the_real_pair_of_another_tokenizer_writes_the_targets_text():
+    """Gemma 3 270M (262k SentencePiece tokens) drafting for Qwen2.5-Coder 1.5B (152k byte-level BPE): greedy and
+    seeded, the target's own text, with drafts accepted."""
+    messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
+    with Engine(real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), real_model("gemma-3-270m-q4_k_m.gguf"),
+                n_ctx=1024, measure=False) as e:
+        for kw in ({}, {"temperature": 0.7, "seed": 3}):
+            alone = e.generate(messages=messages, max_tokens=64, mode="target", **kw)
+            out = e.generate(messages=messages, max_tokens=64, mode="draft", draft_max=4, **kw)
+            assert out.text == alone.text, kw
+            assert out.stats.n_accepted > 0.2 * out.stats.n_drafted, (kw, out.stats)
