@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import replace
 from typing import Iterator
 
@@ -164,7 +165,24 @@ class Engine(Closing):
         v = self.verification()
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
                 "threads": self.target_ctx.n_threads, "exact": v.exact,
-                **self.costs.report(v.batch_limit(), self.target_model.info.file_type)}
+                **self.costs.report(v.batch_limit(), self.target_model.info.file_type),
+                "text_round_trip": self._text_round_trip()}
+
+    def _text_round_trip(self) -> dict | None:
+        """A draft of another vocabulary: what a round's text conversions cost (timed here, microseconds: not cached)."""
+        if self.bridge is None:
+            return None
+        text = b"    for i in range(2, int(n ** 0.5) + 1):\n        if n % i == 0:\n            return False\n"
+        bridge, times = self.bridge, []
+        for _ in range(20):
+            start = time.perf_counter()
+            new = b"".join(bridge.target_piece(t) for t in bridge.to_target(text[:24]))  # a round's accepted text
+            bridge.to_draft(text[:24] + new)  # the window tokenized again with it
+            drafted = b"".join(bridge.draft_piece(t) for t in bridge.to_draft(text[48:72]))
+            bridge.to_target(text[40:48] + drafted)  # the draft's text, after the history's last tokens
+            times.append(time.perf_counter() - start)
+        return {"seconds": float(np.median(times)), "difference": self.vocab_difference,
+                "shared_tokens": len(bridge.shared()[1])}
 
     @property
     def n_ctx(self) -> int:

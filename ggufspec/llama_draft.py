@@ -27,6 +27,7 @@ from .llama.runtime import LlamaDraftModel
 from .core import LLAMA_MODES, MTP_MODES, Draft, Round
 from .auto import make_drafter
 from .drafters import LookupDrafter, ModelDrafter
+from .textdraft import TextDrafter
 from .errors import GGUFSpecError, check_count, check_layers
 from .sampling import SamplingParams
 from .llama.system import check_threads
@@ -51,7 +52,6 @@ class GGUFDraftModel(LlamaDraftModel):
     def __init__(self, draft=None, *, target=None, mode: str = "auto", num_pred_tokens: int = 4, n_ctx: int = 4096,
                  n_batch: int = 512, n_gpu_layers: int = 0, n_threads: int | None = None, exact: bool | None = None,
                  registry=None, offline: bool = False):
-        from .llama.compat import check_compatible
         from .models.resolve import load_registry, resolve_model
 
         if mode in MTP_MODES:
@@ -81,7 +81,7 @@ class GGUFDraftModel(LlamaDraftModel):
                 self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
                 if target_path is not None:  # the vocabulary only: the weights are the Llama's to load
                     with Model(target_path, role="target", vocab_only=True) as t:
-                        check_compatible(t, self.model)
+                        self._drafter_for(t)
         except BaseException:
             self.close()
             raise
@@ -103,7 +103,6 @@ class GGUFDraftModel(LlamaDraftModel):
         is not this draft yet). Checks the draft's vocabulary against its model (one GGUFSpecError naming
         the mismatch), sizes the drafts to its vocabulary, and measures (or reads from the cache) what a
         step and a verify batch cost in its own context; this clears the Llama's KV cache."""
-        from .llama.compat import check_compatible
         from .llama.measure import costs_for
 
         if self._closed:  # its model and context were freed: nothing could draft, and measuring would use none
@@ -112,8 +111,7 @@ class GGUFDraftModel(LlamaDraftModel):
             return
         target = LlamaModel(llama)
         if self.model is not None:
-            check_compatible(target, self.model)
-            self.model_drafter = ModelDrafter(self.ctx, target_n_vocab=target.n_vocab)
+            self.model_drafter = self._drafter_for(target)
         borrowed = Context.of_llama(llama)
         if not borrowed.cuttable:  # Llama rewinds a rejected draft with a partial seq_rm, which such a memory refuses
             borrowed.close()
@@ -134,6 +132,18 @@ class GGUFDraftModel(LlamaDraftModel):
         self.drafter, _ = make_drafter(self.mode, Verification.of(self.costs, False), self.costs,
                                        model=self.model_drafter, lookup=self.lookup, draft_max=self.wanted)
         self._attached = llama
+
+    def _drafter_for(self, target) -> ModelDrafter:
+        """The draft model's drafter for this target's vocabulary: its own ids (the same vocabulary, or padded), or
+        through text (another tokenizer: `textdraft`); one GGUFSpecError where neither can serve."""
+        from .llama.compat import check_text_drafting, incompatibility
+        from .llama.vocab import TextBridge
+
+        difference = incompatibility(target, self.model)
+        if difference is None:
+            return ModelDrafter(self.ctx, target_n_vocab=target.n_vocab)
+        check_text_drafting(target, self.model, difference)
+        return TextDrafter(self.ctx, TextBridge(target, self.model), target_n_vocab=target.n_vocab)
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         if self._attached is None:

@@ -86,8 +86,8 @@ def test_sampled_text_follows_llamas_own_distribution(tiny):
 
 
 def test_bad_drafts_are_one_error_and_leave_nothing_open(tiny, tmp_path):
-    with pytest.raises(GGUFSpecError, match="cannot draft for"):
-        GGUFDraftModel(tiny["other_vocab"], target=tiny["target"], mode="draft")
+    with pytest.raises(GGUFSpecError, match="cannot draft for .*no token for 244 of the 256 bytes"):
+        GGUFDraftModel(tiny["letters"], target=tiny["target"], mode="draft")  # its tokenizer would abort on the text
     with pytest.raises(GGUFSpecError, match="no such file"):
         GGUFDraftModel(tmp_path / "missing.gguf", mode="draft")
     with pytest.raises(GGUFSpecError, match="needs a draft model"):
@@ -98,10 +98,23 @@ def test_bad_drafts_are_one_error_and_leave_nothing_open(tiny, tmp_path):
         GGUFDraftModel(tiny["close"], mode="magic")
 
 
-def test_a_draft_of_another_vocabulary_without_target_is_named_at_attach(tiny):
-    draft = GGUFDraftModel(tiny["other_vocab"], mode="draft")  # no target=: checked against the Llama itself
-    with pytest.raises(GGUFSpecError, match="cannot draft for .*token 259 differs"):
+def test_a_draft_that_cannot_serve_without_target_is_named_at_attach(tiny):
+    draft = GGUFDraftModel(tiny["letters"], mode="draft")  # no target=: checked against the Llama itself
+    with pytest.raises(GGUFSpecError, match="cannot draft for .*no token for 244 of the 256 bytes"):
         llama(tiny["target"], draft)
+    draft.close()
+
+
+@pytest.mark.parametrize("with_target", [False, True])
+def test_a_draft_of_another_vocabulary_drafts_through_text_in_llama(tiny, plain, with_target):
+    """The same texts at other ids: Llama's own greedy text, drafts proposed in the Llama's ids."""
+    draft = GGUFDraftModel(tiny["other_vocab"], target=tiny["target"] if with_target else None, mode="draft")
+    spec = llama(tiny["target"], draft)
+    for prompt in ("hello world", "def f(x):"):
+        a = plain.create_completion(prompt, max_tokens=60, temperature=0, logit_bias=NO_EOS)
+        b = spec.create_completion(prompt, max_tokens=60, temperature=0, logit_bias=NO_EOS)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"], prompt
+    assert draft.stats["drafted"] > 0 and type(draft.model_drafter).__name__ == "TextDrafter"
     draft.close()
 
 

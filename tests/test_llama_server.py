@@ -131,7 +131,7 @@ def test_llama_server_without_a_model_is_one_line():
 def test_llama_server_with_an_incompatible_draft_is_one_line_before_the_target_loads(tiny):
     pytest.importorskip("fastapi")
     r = subprocess.run([sys.executable, "-m", "ggufspec.llama_server", "--model", str(tiny["target"]), "--draft_model",
-                        str(tiny["other_vocab"]), "--port", "1"], capture_output=True, text=True, timeout=TIMEOUT)
+                        str(tiny["letters"]), "--port", "1"], capture_output=True, text=True, timeout=TIMEOUT)
     lines = stderr_lines(r.stderr)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert len(lines) <= 2 and "cannot draft for" in lines[-1], r.stderr

@@ -225,6 +225,11 @@ def costs_text(out: dict) -> str:
              f"{Path(out['target']).name}, {plural(out['threads'], 'thread')}: one target step {1000 * t1:.1f} ms"]
     if out["draft_token_seconds"]:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
+    if out.get("text_round_trip"):
+        r = out["text_round_trip"]
+        lines.append(f"across tokenizers ({r['difference']}): the text round trip costs {1e3 * r['seconds']:.2f} ms a round "
+                     f"({r['seconds'] / t1:.3f} of a target step: the new text tokenized for the draft, its draft for "
+                     f"the target); sampled drafts use the {r['shared_tokens']:,} tokens both write alike")
     lines += _head_steps(out.get("head_seconds") or {}, t1)
     how = f"in exact chunks of {out.get('verify_chunk') or out['exact_batch']}" if out["exact"] else "in one batch"
     if out["exact"] and out.get("exact_kv"):

@@ -82,7 +82,6 @@ class Model(VocabFacts, Closing):
         self.n_gpu_layers = int(n_gpu_layers)
         self._read_vocab(C.llama_model_get_vocab(self._model))
         self.n_layer = C.llama_model_n_layer(self._model)
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._eog = np.zeros(self.n_vocab, dtype=bool)
         self.control_mask = np.zeros(self.n_vocab, dtype=bool)  # template markers and ends of generation
         for t in range(self.n_vocab):
@@ -111,27 +110,6 @@ class Model(VocabFacts, Closing):
         return params
 
     # -- vocabulary ---------------------------------------------------------------------------
-
-    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        """Text to token ids the way llama.cpp's tools do (BOS if the model wants it, special tokens parsed).
-        Bytes are tokenized as they are, as llama.cpp does with a prompt file in any encoding."""
-        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")  # argv's bytes, as given
-        n_max = len(data) + 8
-        buf = (C.llama_token * n_max)()
-        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            n_max = -n
-            buf = (C.llama_token * n_max)()
-            n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-        return list(buf[:n])
-
-    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        n = C.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-            return buf.raw[:n]
-        return self._piece_buf.raw[:n]
 
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
         return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")

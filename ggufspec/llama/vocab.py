@@ -3,6 +3,7 @@ compare), for a model of its own (`backend.Model`) and for the model of a llama-
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,28 @@ class VocabFacts:
         self.eos = C.llama_vocab_eos(vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(vocab))
         self.add_eos = bool(C.llama_vocab_get_add_eos(vocab))
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to token ids the way llama.cpp's tools do (BOS if the model wants it, special tokens parsed).
+        Bytes are tokenized as they are, as llama.cpp does with a prompt file in any encoding."""
+        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")  # argv's bytes, as given
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        n = C.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
 
     def token_text(self, token: int) -> bytes:
         """The raw vocabulary entry (what llama.cpp compares between draft and target)."""
@@ -63,8 +86,9 @@ class TextBridge:
     @staticmethod
     def _no_text(model) -> np.ndarray:
         """Tokens with no text of their own to share: control, unknown and unused ones, and ends of generation."""
-        attrs = np.array([C.llama_vocab_get_attr(model._vocab, t) for t in range(model.n_vocab)], dtype=np.int64)
-        return (attrs & (TOKEN_ATTR_UNKNOWN | TOKEN_ATTR_UNUSED | TOKEN_ATTR_CONTROL)).astype(bool) | model.eog_mask
+        vocab = model._vocab
+        return np.array([bool(C.llama_vocab_get_attr(vocab, t) & (TOKEN_ATTR_UNKNOWN | TOKEN_ATTR_UNUSED | TOKEN_ATTR_CONTROL))
+                         or C.llama_vocab_is_eog(vocab, t) for t in range(model.n_vocab)], dtype=bool)
 
     def target_piece(self, token: int) -> bytes:
         piece = self._target_pieces.get(token)
