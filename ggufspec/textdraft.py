@@ -6,9 +6,11 @@ Heterogeneous Vocabularies" (ICML 2025), as transformers ships them:
 - greedy, SLEM (string-level exact match): the draft writes in its own vocabulary; its text is tokenized by the
   target's tokenizer and proposed as target tokens. The target keeps a token only where it is its own argmax, so any
   proposal is safe; a good one is the text the target would write.
-- sampled, on the tokens both vocabularies share by text (TLI, token-level intersection): the draft's logits are
-  restricted to those tokens and moved to the target's ids, one to one, so q is a distribution over target ids and
-  the verification rules run unchanged (the coupled rule with a seed, Leviathan's without).
+- sampled, either that greedy text as a deterministic proposal (q one-hot, as prompt lookup's), or on the tokens
+  both vocabularies share by text (TLI, token-level intersection): the draft's logits restricted to those tokens
+  and moved to the target's ids, one to one, so q is a distribution over target ids. Either way the verification
+  rules run unchanged (the coupled rule with a seed, Leviathan's without); which of the two drafts is chosen per
+  pair from the tokens each has had kept (`RuleChoice`).
 
 The draft's KV cache follows the history's text: the target's accepted tokens are written out as text (control
 tokens, which have none to share, are left out), and the text is tokenized by the draft's tokenizer a window at a
@@ -30,6 +32,7 @@ from .sampling import PositionNoise, SamplingParams
 
 WINDOW = 4  # draft tokens tokenized again with each new text: a merge rarely reaches further back
 OVERLAP = 3  # target tokens written before a draft's text when tokenizing it, so its first token merges as the target's
+GREEDY = SamplingParams()
 NO_TOKEN = -1e30  # the logit of a draft token the target has not got (exp() of it is 0, and it stays finite)
 
 
@@ -46,6 +49,37 @@ class Bridge(Protocol):
     def shared(self) -> tuple[np.ndarray, np.ndarray]: ...  # (draft ids, target ids) of the same texts, one to one
 
 
+class RuleChoice:
+    """Which of the two sampled rules drafts better for a pair, from the tokens each has had kept a round (an
+    exponential average). Both are lossless; which gains more depends on the pair: measured on Qwen2.5-Coder 1.5B
+    with Gemma 3 270M at temperature 0.7, the greedy text kept 35% of its drafted tokens and the shared tokens 23%
+    (seeded, 30% and 20%), while a draft that is the target in other ids keeps nearly all on the shared tokens.
+    Each is tried first; then the better one drafts, the other every EXPLORE-th round so a change is seen."""
+
+    RULES = ("text", "shared")
+    EXPLORE = 8
+    DECAY = 0.1
+
+    def __init__(self):
+        self.kept = {rule: None for rule in self.RULES}
+        self.picked = {rule: 0 for rule in self.RULES}
+        self.rounds = 0
+
+    def pick(self) -> str:
+        self.rounds += 1
+        untried = [rule for rule in self.RULES if self.kept[rule] is None]
+        if untried:
+            rule = min(untried, key=self.picked.get)
+            self.picked[rule] += 1
+            return rule
+        best, other = sorted(self.RULES, key=lambda rule: -self.kept[rule])
+        return other if self.rounds % self.EXPLORE == 0 else best
+
+    def learn(self, rule: str, kept: int) -> None:
+        now = self.kept[rule]
+        self.kept[rule] = float(kept) if now is None else now + self.DECAY * (kept - now)
+
+
 def complete_utf8(text: bytes) -> bytes:
     """`text` less a last character cut short (a draft may end inside one; the target would not propose half)."""
     decoder = codecs.getincrementaldecoder("utf-8")("ignore")
@@ -59,9 +93,15 @@ class TextDrafter(ModelDrafter):
 
     name = "draft"
 
-    def __init__(self, ctx: Target, bridge: Bridge, *, target_n_vocab: int, p_min: float = 0.0):
+    def __init__(self, ctx: Target, bridge: Bridge, *, target_n_vocab: int, p_min: float = 0.0,
+                 sampled_rule: str | None = None):
         super().__init__(ctx, p_min=p_min)
         self.bridge = bridge
+        # sampled rounds draft by "text" (the greedy text, q one-hot) or on the "shared" tokens (q the draft's),
+        # whichever has kept more tokens a round for this pair (None), or by the rule named here
+        self.sampled_rule = sampled_rule
+        self.choice = RuleChoice()  # shared by this drafter's copies: what one generation learns, the next uses
+        self._last: tuple | None = None  # the last sampled proposal: (its rule, the history's length, its tokens)
         self.target_vocab = target_n_vocab  # the proposals' ids (the inner ModelDrafter works in the draft's)
         self._text_of: list[int] = []  # the target history converted so far
         self._text = b""
@@ -117,17 +157,29 @@ class TextDrafter(ModelDrafter):
         pending = self._sync(history)
         logits = self.ctx.decode(pending, logits="last")[0]
         self._committed = min(len(self.kv_tokens), self._stable(len(own)))
-        if params.greedy:
-            tokens, qs = self._by_text(history, logits, draft_max, params, rng, p_min), None
+        self._learn(history)
+        rule = "text" if params.greedy else self.sampled_rule or self.choice.pick()
+        if rule == "text":
+            tokens, qs = self._by_text(history, logits, draft_max, p_min), None
         else:
             tokens, qs = self._on_shared(history, logits, draft_max, params, rng, noise, p_min, may_extend)
+        self._last = (rule, len(history), tokens) if not params.greedy else None
         return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
 
-    def _by_text(self, history, logits, draft_max, params, rng, p_min) -> list[int]:
-        """SLEM: the draft's greedy text, as the target's tokenizer writes it after the history's last tokens."""
+    def _learn(self, history: list[int]) -> None:
+        """How many tokens of the last sampled proposal the history kept, told to the choice of rule."""
+        if self._last is not None and len(history) > self._last[1]:
+            rule, n, tokens = self._last
+            kept = next((i for i, t in enumerate(tokens) if n + i >= len(history) or history[n + i] != t), len(tokens))
+            self.choice.learn(rule, kept)
+        self._last = None
+
+    def _by_text(self, history, logits, draft_max, p_min) -> list[int]:
+        """SLEM: the draft's greedy text, as the target's tokenizer writes it after the history's last tokens (a
+        deterministic proposal: sampled rounds verify it as one, q one-hot)."""
         bridge = self.bridge
         decode = lambda x: self.ctx.decode([x], logits="last")[0]
-        own, _ = draft_tokens(logits, decode, 0, draft_max, params, rng, noise=None, p_min=p_min, may_extend=None,
+        own, _ = draft_tokens(logits, decode, 0, draft_max, GREEDY, None, noise=None, p_min=p_min, may_extend=None,
                               n_vocab=self.ctx.n_vocab)
         stop = next((i for i, t in enumerate(own) if bridge.draft_stops[t]), len(own))
         text = complete_utf8(b"".join(bridge.draft_piece(t) for t in own[:stop]))

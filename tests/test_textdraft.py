@@ -4,6 +4,7 @@ Gemma 3's SentencePiece draft)."""
 
 import pytest
 from conftest import real_model
+from tiny import write_tiny_model
 
 from ggufspec import Engine
 from ggufspec.textdraft import TextDrafter
@@ -42,6 +43,25 @@ def test_a_seed_writes_the_targets_own_text_across_tokenizers(tiny_engine, promp
 def test_unseeded_sampling_drafts_on_the_shared_tokens(tiny_engine):
     out = tiny_engine.generate(PROMPTS[0], max_tokens=48, mode="draft", temperature=1.0, draft_max=3, ignore_eos=True)
     assert len(out.tokens) == 48 and out.stats.n_drafted > 0
+
+
+@pytest.fixture(scope="module")
+def bpe_model(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("bpe") / "bpe.gguf", seed=3, vocab="bpe")
+
+
+@pytest.mark.parametrize("target_is_bpe", [True, False])
+def test_byte_level_bpe_and_sentencepiece_draft_for_each_other(tiny, bpe_model, target_is_bpe):
+    """Another tokenizer type (llama.cpp's pair rule: "vocabulary types differ"), either way round: greedy and seeded
+    text the target's, the target's BOS and control tokens never reaching the draft."""
+    target, draft = (bpe_model, tiny["target"]) if target_is_bpe else (tiny["target"], bpe_model)
+    with Engine(target, draft, n_ctx=256, measure=False) as e:
+        assert "vocabulary types differ" in e.vocab_difference
+        for kw in ({}, {"temperature": 0.8, "seed": 5}):
+            for prompt in ("the cat (x) in the fern", "def f(a, b):"):
+                alone = e.generate(prompt, max_tokens=40, mode="target", ignore_eos=True, **kw)
+                out = e.generate(prompt, max_tokens=40, mode="draft", draft_max=3, ignore_eos=True, **kw)
+                assert out.tokens == alone.tokens and out.stats.n_drafted > 0, (prompt, kw)
 
 
 @pytest.mark.slow

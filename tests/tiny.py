@@ -4,7 +4,8 @@ Random weights from a seed; relations between models are controlled:
 - the same seed gives the same model (an identical draft),
 - `perturb` adds noise to every weight (a draft that mostly agrees),
 - `sharpen` scales the output matrix (a draft whose q is sharper than p),
-- `vocab="letters"` vs `vocab="bytes"` / `vocab_shift` gives incompatible vocabularies,
+- `vocab="letters"` vs `vocab="bytes"` / `vocab_shift` gives incompatible vocabularies, `vocab="bpe"` a byte-level BPE
+  one (another tokenizer: a draft across tokenizers),
 - `pad=N` appends N unused tokens to the vocabulary (as Qwen2.5-7B's 152,064 against the 0.5B's
   151,936), with their own embedding and output rows; every other weight is the unpadded model's.
 """
@@ -26,6 +27,11 @@ def vocabulary(kind: str, shift: int = 0) -> tuple[list[str], list[int]]:
         tokens += [f"<0x{b:02X}>" for b in range(256)]
         types += [BYTE] * 256
         chars = ["\u2581"] + [chr(c) for c in range(33, 127)]
+    elif kind == "bpe":  # byte-level BPE (GPT-2's byte characters, as Qwen's and Llama 3's): any text tokenizes
+        from ggufspec.llama.compat import byte_level_chars
+
+        chars = byte_level_chars() + [a + b for a, b in (m.split() for m in BPE_MERGES)]
+        types = [CONTROL] * 3
     elif kind == "letters":  # 16 tokens in all: small enough for exact distribution tests
         chars = ["\u2581"] + list("abcdefghijkl")
     else:
@@ -34,6 +40,10 @@ def vocabulary(kind: str, shift: int = 0) -> tuple[list[str], list[int]]:
     tokens += chars
     types += [NORMAL] * len(chars)
     return tokens, [int(t) for t in types]
+
+
+# A byte-level BPE vocabulary's merges (its tokens beyond the 256 byte characters), for vocab="bpe".
+BPE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "e r", "Ġ a", "o n", "Ġ c", "d e", "Ġ f", "Ġ (", "Ġ x"]
 
 
 def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: int = 0, n_layer: int = 2,
@@ -69,7 +79,7 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(0)  # all F32
     _add_vocab(writer, tokens + [f"[PAD{n_vocab + i}]" for i in range(pad)], types + [int(TokenType.UNUSED)] * pad,
-               add_bos=add_bos)
+               add_bos=add_bos, bpe=vocab == "bpe")
     if chat_template:
         writer.add_chat_template(chat_template)
 
@@ -242,8 +252,11 @@ def _weights(seed: int, perturb: float, perturb_seed: int):
     return w
 
 
-def _add_vocab(writer, tokens, types, *, add_bos: bool = True) -> None:
-    writer.add_tokenizer_model("llama")
+def _add_vocab(writer, tokens, types, *, add_bos: bool = True, bpe: bool = False) -> None:
+    writer.add_tokenizer_model("gpt2" if bpe else "llama")
+    if bpe:
+        writer.add_tokenizer_pre("default")
+        writer.add_token_merges(BPE_MERGES)
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * len(tokens))
     writer.add_token_types(types)

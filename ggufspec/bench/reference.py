@@ -249,6 +249,9 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
         note(f"{e}; llama-bench's row shows only its run before ggufspec's" if llama_bench_before else
              f"{e}; llama-bench's row is left out")
     configs = _speculative_configs(engine, draft_max)
+    if getattr(engine, "bridge", None) is not None:  # ggufspec drafts through text; llama.cpp refuses the pair
+        note(f"llama.cpp's speculative-simple drafts only with a draft of the target's vocabulary "
+             f"({engine.vocab_difference}): its draft-simple rows are left out")
     failed: set = set()  # speculative-simple's types that failed: not run again
     for group, texts in groups.items():
         depth = depths[group]
@@ -284,7 +287,8 @@ def _speculative_configs(engine, draft_max: tuple[int, ...]) -> list[tuple[str, 
     target's MTP layers' (their sibling file, where they are one), llama.cpp's n-gram drafters."""
     draft = engine.draft_model.path if engine.draft_model else None
     mtp_file = engine.mtp_model.path if getattr(engine, "mtp_model", None) else None
-    configs = [("draft-simple", k, draft) for k in draft_max] if draft else []
+    across = getattr(engine, "bridge", None) is not None  # a draft of another vocabulary, which llama.cpp refuses
+    configs = [("draft-simple", k, draft) for k in draft_max] if draft and not across else []
     heads = getattr(engine, "heads", {})
     if "mtp" in heads:  # the target's MTP layers, as --mode mtp drafts with them
         configs += [("draft-mtp", k, mtp_file) for k in draft_max]

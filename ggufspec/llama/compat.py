@@ -49,7 +49,7 @@ def check_compatible(target: Model, draft: Model) -> None:
         raise GGUFSpecError(f"{draft.path} cannot draft for {target.path}: {reason}; pick a draft from the same model family")
 
 
-def _byte_level_chars() -> list[str]:
+def byte_level_chars() -> list[str]:
     """GPT-2's byte-to-character map (llama.cpp's unicode_byte_to_utf8): the text a byte-level BPE token has for
     each byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -71,7 +71,7 @@ def cannot_write_every_text(model) -> str | None:
     if model.vocab_type in ("spm", "ugm"):
         missing = [b for b in range(256) if f"<0x{b:02X}>".encode() not in texts and not (b < 0x80 and bytes([b]) in texts)]
     elif model.vocab_type in ("bpe", "wpm"):
-        missing = [b for b, c in enumerate(_byte_level_chars()) if c.encode() not in texts]
+        missing = [b for b, c in enumerate(byte_level_chars()) if c.encode() not in texts]
     else:
         return f"its {model.vocab_type} vocabulary is not one ggufspec tokenizes text for"
     if missing:

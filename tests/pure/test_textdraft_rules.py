@@ -52,15 +52,34 @@ def test_greedy_output_is_the_targets_across_tokenizers(closeness):
     assert out == ref and stats.n_drafted > 0
 
 
-def test_a_seed_writes_the_targets_own_text_across_tokenizers():
+@pytest.mark.parametrize("rule", ["shared", "text", None])
+def test_a_seed_writes_the_targets_own_text_across_tokenizers(rule):
     params = SamplingParams(temperature=0.9)
     target = FakeTarget(seed=5, scale=1.0)
     plain, _ = generate(target, params=params, noise=PositionNoise(42, 24), n=80)
     draft, texts = permuted_draft(target)
-    out, stats = generate(target, TextDrafter(draft, FakeBridge(LETTERS, texts), target_n_vocab=24), params=params,
-                          noise=PositionNoise(42, 24), n=80)
-    assert out == plain
-    assert stats.n_accepted == stats.n_drafted > 0  # the target in other ids, picking with the target's own noise
+    drafter = TextDrafter(draft, FakeBridge(LETTERS, texts), target_n_vocab=24, sampled_rule=rule)
+    out, stats = generate(target, drafter, params=params, noise=PositionNoise(42, 24), n=80)
+    assert out == plain and stats.n_drafted > 0
+    if rule == "shared":  # the target in other ids, picking with the target's own noise: every draft kept
+        assert stats.n_accepted == stats.n_drafted
+    if rule is None:  # tried both, and found the shared tokens keep more here
+        assert drafter.choice.kept["shared"] > drafter.choice.kept["text"]
+
+
+def test_the_sampled_rule_is_the_one_that_keeps_more_tried_both_first_and_the_other_now_and_then():
+    from ggufspec.textdraft import RuleChoice
+
+    choice = RuleChoice()
+    first = [choice.pick(), choice.pick()]
+    assert sorted(first) == ["shared", "text"]
+    choice.learn("text", 3)
+    choice.learn("shared", 1)
+    picks = [choice.pick() for _ in range(16)]
+    assert picks.count("text") == 14 and picks.count("shared") == 2  # every EXPLORE-th round the other
+    for _ in range(30):
+        choice.learn("text", 0)
+    assert choice.pick() == "shared" or choice.pick() == "shared"  # its average fell below the other's
 
 
 def test_the_history_is_tokenized_for_the_draft_a_window_at_a_time():
@@ -71,9 +90,11 @@ def test_the_history_is_tokenized_for_the_draft_a_window_at_a_time():
     assert bridge.tokenized < 10 * 400  # the whole text again every round would be ~n²/2 characters
 
 
-def test_sampled_output_follows_the_targets_distribution_on_the_shared_tokens():
-    """Leviathan's rule on q restricted to the tokens both have, moved to the target's ids: the first three tokens
-    follow p (chi-square); the draft lacks one of the target's letters and has a merge and a letter of its own."""
+@pytest.mark.parametrize("rule", ["shared", "text"])
+def test_sampled_output_follows_the_targets_distribution_across_tokenizers(rule):
+    """Leviathan's rule on q restricted to the tokens both have, moved to the target's ids (shared), or on the
+    draft's greedy text as a one-hot proposal (text): the first three tokens follow p (chi-square); the draft lacks
+    one of the target's letters and has a merge and a letter of its own."""
     target = FakeTarget(n_vocab=6, seed=4, scale=1.0)
     texts = ["c", "a", "", "e", "d", "g", "ab", "b"]  # no "f"; "g" and "ab" the target has not got
     draft = FakeTarget(len(texts), seed=9, scale=1.0)
@@ -82,14 +103,14 @@ def test_sampled_output_follows_the_targets_distribution_on_the_shared_tokens():
     counts = np.zeros(6 ** 3)
     n_drafted = n_accepted = 0
     for seed in range(4000):
-        out, stats = generate(target, TextDrafter(draft, bridge, target_n_vocab=6), n=3, draft_max=2, params=params,
-                              seed=seed, prompt=[1, 2])
+        out, stats = generate(target, TextDrafter(draft, bridge, target_n_vocab=6, sampled_rule=rule), n=3,
+                              draft_max=2, params=params, seed=seed, prompt=[1, 2])
         counts[np.ravel_multi_index(out[:3], (6,) * 3)] += 1
         n_drafted += stats.n_drafted
         n_accepted += stats.n_accepted
     stat, df = chi2(counts, _first_two_exact(target, [1, 2], params).ravel())
     assert stat < chi2_critical(df), f"chi2 {stat:.1f} on {df} df"
-    assert n_drafted == 4000 and 0.2 * n_drafted < n_accepted < 0.9 * n_drafted, (n_drafted, n_accepted)
+    assert n_drafted > 1000 and 0.2 * n_drafted < n_accepted < 0.9 * n_drafted, (n_drafted, n_accepted)
 
 
 def test_a_draft_cut_inside_a_character_proposes_the_whole_ones_only():
