@@ -255,6 +255,9 @@ class Engine(Closing):
         if s.mode in DRAFT_ALONE_MODES:  # the draft generating by itself: plain decoding on its context
             if self.draft_model is None:
                 raise GGUFSpecError(f"mode {s.mode!r} needs a draft model (-md DRAFT)")
+            if self.bridge is not None:  # another vocabulary: the prompt's text, as the draft tokenizes it
+                text = b"".join(self.bridge.target_piece(t) for t in prompt_tokens)
+                prompt_tokens = self.bridge.draft_prefix + self.bridge.to_draft(text)
             return Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None,
                               Verification(tie_margin=s.tie_margin), 0)
         if s.mode in DRAFTING_MODES and self.target_ctx.n_batch < 2:  # speculative.draft_max leaves no draft room

@@ -31,6 +31,7 @@ from .drafters import ModelDrafter, draft_tokens
 from .sampling import PositionNoise, SamplingParams
 
 WINDOW = 4  # draft tokens tokenized again with each new text: a merge rarely reaches further back
+WORD_BACK = 8  # how far before the window or the overlap a word's start is looked for (`_word_start`)
 OVERLAP = 3  # target tokens written before a draft's text when tokenizing it, so its first token merges as the target's
 GREEDY = SamplingParams()
 NO_TOKEN = -1e30  # the logit of a draft token the target has not got (exp() of it is 0, and it stays finite)
@@ -102,6 +103,7 @@ class TextDrafter(ModelDrafter):
         self.sampled_rule = sampled_rule
         self.choice = RuleChoice()  # shared by this drafter's copies: what one generation learns, the next uses
         self._last: tuple | None = None  # the last sampled proposal: (its rule, the history's length, its tokens)
+        self._to_draft: dict | None = None  # a shared target id -> the draft's
         self.target_vocab = target_n_vocab  # the proposals' ids (the inner ModelDrafter works in the draft's)
         self._text_of: list[int] = []  # the target history converted so far
         self._text = b""
@@ -118,24 +120,34 @@ class TextDrafter(ModelDrafter):
         new = b"".join(bridge.target_piece(t) for t in history[n:])
         self._text_of = list(history)
         if new:
-            keep = max(0, len(self._draft) - WINDOW)
+            keep = self._word_start(self._draft, max(0, len(self._draft) - WINDOW), bridge.draft_piece)
             start = self._ends[keep - 1] if keep else 0
             self._text += new
-            tail = bridge.to_draft(self._text[start:])
-            ends, at = [], start
-            for t in tail:
-                at += len(bridge.draft_piece(t))
-                ends.append(at)
-            if at != len(self._text):  # the tokenizer changed the text (a space added): tokenize it all anew
-                keep, tail = 0, bridge.to_draft(self._text)
-                ends, at = [], 0
-                for t in tail:
-                    at += len(bridge.draft_piece(t))
-                    ends.append(at)
+            tail, ends = self._tokenize_from(start)
+            if (ends[-1] if ends else start) != len(self._text):  # the tokenizer changed the text (a space added)
+                keep, (tail, ends) = 0, self._tokenize_from(0)  # so it is tokenized all anew
             self._draft = self._draft[:keep] + tail
             self._ends = self._ends[:keep] + ends
             self._committed = min(self._committed, len(bridge.draft_prefix) + keep)  # the cache agrees up to here at most
         return bridge.draft_prefix + self._draft
+
+    @staticmethod
+    def _word_start(tokens: list[int], i: int, piece) -> int:
+        """i, or the nearest token before it (up to WORD_BACK) whose text starts a word (a space first): tokenizing
+        from there is tokenizing a piece of a text as the whole text would be (a tokenizer that puts a space before
+        a text tokenizes it exactly, and byte-level BPE splits words before it merges)."""
+        for j in range(i, max(0, i - WORD_BACK) - 1, -1):
+            if j == 0 or piece(tokens[j]).startswith(b" "):
+                return j
+        return i
+
+    def _tokenize_from(self, start: int) -> tuple[list[int], list[int]]:
+        """The draft's tokens for the text from byte `start` on, and where each ends in the text."""
+        tokens, ends, at = self.bridge.to_draft(self._text[start:]), [], start
+        for t in tokens:
+            at += len(self.bridge.draft_piece(t))
+            ends.append(at)
+        return tokens, ends
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
         super().reset(prompt_tokens, reuse=reuse, lazy=lazy)
@@ -185,7 +197,7 @@ class TextDrafter(ModelDrafter):
         text = complete_utf8(b"".join(bridge.draft_piece(t) for t in own[:stop]))
         if not text:
             return []
-        before = history[-OVERLAP:]
+        before = history[self._word_start(history, max(0, len(history) - OVERLAP), bridge.target_piece):]
         lead = b"".join(bridge.target_piece(t) for t in before)
         tokens = bridge.to_target(lead + text) if lead else []
         if tokens[: len(before)] == before:  # the history's last tokens stay as they are: what follows continues them
@@ -198,14 +210,14 @@ class TextDrafter(ModelDrafter):
         """TLI: the draft's distribution on the shared tokens, in the target's ids; each proposal is fed back to
         the draft as its own token."""
         draft_ids, target_ids = self.bridge.shared()
-        to_draft = np.zeros(self.target_vocab, dtype=np.int64)
-        to_draft[target_ids] = draft_ids
+        to_draft = dict(zip(target_ids.tolist(), draft_ids.tolist())) if self._to_draft is None else self._to_draft
+        self._to_draft = to_draft
 
         def moved(row: np.ndarray) -> np.ndarray:
             out = np.full(self.target_vocab, NO_TOKEN, dtype=np.float32)
             out[target_ids] = row[draft_ids]
             return out
 
-        return draft_tokens(moved(logits), lambda x: moved(self.ctx.decode([int(to_draft[x])], logits="last")[0]),
+        return draft_tokens(moved(logits), lambda x: moved(self.ctx.decode([to_draft[x]], logits="last")[0]),
                             len(history), draft_max, params, rng, noise=noise, p_min=p_min, may_extend=may_extend,
                             n_vocab=self.target_vocab)

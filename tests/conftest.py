@@ -58,6 +58,10 @@ def tiny(tmp_path_factory):
         "close": write_tiny_model(d / "close.gguf", seed=0, perturb=0.05),  # agrees most of the time
         "far": write_tiny_model(d / "far.gguf", seed=0, perturb=0.3),  # agrees sometimes
         "other_vocab": write_tiny_model(d / "other_vocab.gguf", seed=0, vocab_shift=3),  # same size, shifted tokens
+        # a target that writes its letters' own tokens, and itself with them at other ids: another vocabulary that,
+        # in text, drafts the target's own
+        "lettered": write_tiny_model(d / "lettered.gguf", seed=0, byte_logits=False),
+        "permuted": write_tiny_model(d / "permuted.gguf", seed=0, byte_logits=False, permute=1),
         "letters": write_tiny_model(d / "letters.gguf", seed=5, vocab="letters", logit_scale=1.5),
         "letters_sharp": write_tiny_model(d / "letters_sharp.gguf", seed=5, vocab="letters", logit_scale=1.5, sharpen=3.0),
         "letters_other": write_tiny_model(d / "letters_other.gguf", seed=9, vocab="letters", logit_scale=1.5),

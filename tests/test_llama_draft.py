@@ -106,15 +106,17 @@ def test_a_draft_that_cannot_serve_without_target_is_named_at_attach(tiny):
 
 
 @pytest.mark.parametrize("with_target", [False, True])
-def test_a_draft_of_another_vocabulary_drafts_through_text_in_llama(tiny, plain, with_target):
-    """The same texts at other ids: Llama's own greedy text, drafts proposed in the Llama's ids."""
-    draft = GGUFDraftModel(tiny["other_vocab"], target=tiny["target"] if with_target else None, mode="draft")
-    spec = llama(tiny["target"], draft)
+def test_a_draft_of_another_vocabulary_drafts_through_text_in_llama(tiny, with_target):
+    """The target itself at other ids: Llama's own greedy text, drafts proposed in the Llama's ids and kept."""
+    plain = llama(tiny["lettered"])
+    draft = GGUFDraftModel(tiny["permuted"], target=tiny["lettered"] if with_target else None, mode="draft")
+    spec = llama(tiny["lettered"], draft)
     for prompt in ("hello world", "def f(x):"):
         a = plain.create_completion(prompt, max_tokens=60, temperature=0, logit_bias=NO_EOS)
         b = spec.create_completion(prompt, max_tokens=60, temperature=0, logit_bias=NO_EOS)
         assert b["choices"][0]["text"] == a["choices"][0]["text"], prompt
     assert draft.stats["drafted"] > 0 and type(draft.model_drafter).__name__ == "TextDrafter"
+    assert draft.acceptance_rate > 0.6, draft.stats  # not all: the target writes control tokens, which have no text
     draft.close()
 
 

@@ -41,8 +41,10 @@ def complete(port, prompt):
     return json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["text"]
 
 
-def test_the_server_drafts_with_a_gguf_and_keeps_llamas_text(tiny):
-    proc, port = start("--model", tiny["target"], "--draft_model", tiny["close"], "--draft_mode", "draft",
+# a draft of the target's vocabulary; the target itself with its letters at other ids (drafting through text)
+@pytest.mark.parametrize("target, draft", [("target", "close"), ("lettered", "permuted")])
+def test_the_server_drafts_with_a_gguf_and_keeps_llamas_text(tiny, target, draft):
+    proc, port = start("--model", tiny[target], "--draft_model", tiny[draft], "--draft_mode", "draft",
                        "--n_ctx", 512, "--draft_model_num_pred_tokens", 3)
     try:
         assert port is not None, proc.stderr.read()
@@ -50,7 +52,7 @@ def test_the_server_drafts_with_a_gguf_and_keeps_llamas_text(tiny):
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-    plain = Llama(model_path=str(tiny["target"]), n_ctx=512, verbose=False)
+    plain = Llama(model_path=str(tiny[target]), n_ctx=512, verbose=False)
     for prompt, text in texts.items():
         expected = plain.create_completion(prompt, max_tokens=60, temperature=0, logit_bias={2: -1000.0})
         assert text == expected["choices"][0]["text"], prompt

@@ -51,12 +51,20 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
                      perturb: float = 0.0, perturb_seed: int = 1234, sharpen: float = 1.0, logit_scale: float = 4.0,
                      add_bos: bool = True, chat_template: str | None = None, name: str = "tiny", pad: int = 0,
                      pad_scale: float = 1.0, arch: str = "llama", weights: bool = True,
-                     head_count: int | None = None) -> Path:
+                     head_count: int | None = None, permute: int | None = None, byte_logits: bool = True) -> Path:
     """arch, weights=False (a vocabulary-only file) and head_count (what the header says) make files whose
-    vocabulary loads but whose model does not."""
+    vocabulary loads but whose model does not. permute (a seed): the same model with its text tokens at other ids
+    (their embedding and output rows moved with them): another vocabulary that, in text, is the model itself.
+    byte_logits=False: the byte-fallback tokens' output rows are 0, so the model writes the letters' own tokens (as
+    a real model does where a text has a token of its own; a tokenizer never gives back a byte token there)."""
     path = Path(path)
     tokens, types = vocabulary(vocab, vocab_shift)
     n_vocab = len(tokens)
+    order = np.arange(n_vocab)  # new id -> the id it had
+    if permute is not None:
+        normal = np.flatnonzero(np.array(types) == int(NORMAL))
+        order[normal] = np.random.default_rng(permute).permutation(normal)
+        tokens, types = [tokens[i] for i in order], [types[i] for i in order]
     pad_rng = np.random.default_rng(seed + 777)
 
     def padded(x: np.ndarray, scale: float) -> np.ndarray:
@@ -85,7 +93,7 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
 
     if not weights:
         return _write(writer, path, tensors=False)
-    writer.add_tensor("token_embd.weight", padded(w(n_vocab, n_embd, scale=1.0), 1.0))
+    writer.add_tensor("token_embd.weight", padded(w(n_vocab, n_embd, scale=1.0)[order], 1.0))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", w(n_embd, n_embd))
@@ -98,7 +106,9 @@ def write_tiny_model(path, *, seed: int = 0, vocab: str = "bytes", vocab_shift: 
         writer.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     # logit_scale makes the distribution peaked enough to be interesting; sharpen changes only this model.
-    output = w(n_vocab, n_embd) * np.float32(logit_scale * sharpen)
+    output = w(n_vocab, n_embd)[order] * np.float32(logit_scale * sharpen)
+    if not byte_logits:
+        output[np.array(types) == int(BYTE)] = 0.0
     writer.add_tensor("output.weight", padded(output, pad_scale * logit_scale * sharpen / np.sqrt(n_embd)))
     return _write(writer, path)
 

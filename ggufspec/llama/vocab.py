@@ -79,6 +79,7 @@ class TextBridge:
         self.draft_prefix = [draft.bos] if draft.add_bos and draft.bos >= 0 else []
         self.draft_stops = self._no_text(draft)
         self._target_none = self._no_text(target)
+        self._target_space, self._draft_space = adds_space_prefix(target), adds_space_prefix(draft)
         self._target_pieces: dict[int, bytes] = {}
         self._draft_pieces: dict[int, bytes] = {}
         self._shared = None
@@ -103,10 +104,22 @@ class TextBridge:
         return piece
 
     def to_draft(self, text: bytes) -> list[int]:
-        return self.draft.tokenize(text, add_special=False, parse_special=False)
+        return self._tokenize(self.draft, self._draft_space, text)
 
     def to_target(self, text: bytes) -> list[int]:
-        return self.target.tokenize(text, add_special=False, parse_special=False)
+        return self._tokenize(self.target, self._target_space, text)
+
+    @staticmethod
+    def _tokenize(model, adds_space: bool, text: bytes) -> list[int]:
+        """The tokens of `text` as a piece of a longer one. A SentencePiece vocabulary that adds a space before a text
+        (add_space_prefix: Llama 2's, Mistral's) is given a text that starts with one without it, which is then
+        exact; elsewhere a lone space token it put first is dropped."""
+        if adds_space and text.startswith(b" "):
+            return model.tokenize(text[1:], add_special=False, parse_special=False)
+        tokens = model.tokenize(text, add_special=False, parse_special=False)
+        if adds_space and tokens and model.token_to_piece(tokens[0]) == b" ":
+            return tokens[1:]
+        return tokens
 
     def shared(self) -> tuple[np.ndarray, np.ndarray]:
         """(draft ids, target ids) of the tokens whose texts are the same, one to one (the first of a text's ids)."""
@@ -142,3 +155,8 @@ def _normal_first(model) -> list[int]:
     model predicts, not the byte token of the same text."""
     byte = np.array([C.llama_vocab_get_attr(model._vocab, t) & TOKEN_ATTR_BYTE for t in range(model.n_vocab)], dtype=bool)
     return [*np.flatnonzero(~byte), *np.flatnonzero(byte)]
+
+
+def adds_space_prefix(model) -> bool:
+    """Whether llama.cpp's tokenizer puts a space before a text (SentencePiece's add_space_prefix)."""
+    return b"".join(model.token_to_piece(t) for t in model.tokenize(b"a", add_special=False, parse_special=False)) == b" a"
