@@ -90,7 +90,10 @@ class ModelDrafter(Drafter):
 
     def _sync(self, history: list[int]) -> list[int]:
         """Drop rejected drafts from the KV cache; return the history tokens it has not seen (in the draft's ids)."""
-        history = self._own_history(history)
+        return self._sync_own(self._own_history(history))
+
+    def _sync_own(self, history: list[int]) -> list[int]:
+        """`_sync` of a history already in the draft's ids."""
         i = self._committed
         n = min(len(self.kv_tokens), len(history))
         kv = self.kv_tokens

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from dataclasses import replace
 from typing import Iterator
 
@@ -28,8 +27,8 @@ from .llama.heads import MtpHead, check_mtp
 from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
 from .llama.runtime import set_verbose, warn_once
-from .llama.compat import check_compatible, check_text_drafting, incompatibility
-from .llama.vocab import TextBridge
+from .llama.compat import check_compatible, text_pairing
+from .llama.vocab import TextBridge, text_round_trip
 from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
 from .drafters import HeadDrafter, LookupDrafter, ModelDrafter
 from .textdraft import TextDrafter
@@ -132,9 +131,8 @@ class Engine(Closing):
             self.file_head, draft = info.architecture, None
         if draft is not None:
             self.draft_model = Model(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices)
-            self.vocab_difference = incompatibility(self.target_model, self.draft_model)
+            self.vocab_difference = text_pairing(self.target_model, self.draft_model)
             if self.vocab_difference:  # another vocabulary: the draft drafts through text (textdraft)
-                check_text_drafting(self.target_model, self.draft_model, self.vocab_difference)
                 self.bridge = TextBridge(self.target_model, self.draft_model)
             check_kv_cache_types(self.draft_model.info, *cache_types)
             self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
@@ -166,23 +164,9 @@ class Engine(Closing):
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
                 "threads": self.target_ctx.n_threads, "exact": v.exact,
                 **self.costs.report(v.batch_limit(), self.target_model.info.file_type),
-                "text_round_trip": self._text_round_trip()}
+                "text_round_trip": ({**text_round_trip(self.bridge), "difference": self.vocab_difference}
+                                    if self.bridge else None)}
 
-    def _text_round_trip(self) -> dict | None:
-        """A draft of another vocabulary: what a round's text conversions cost (timed here, microseconds: not cached)."""
-        if self.bridge is None:
-            return None
-        text = b"    for i in range(2, int(n ** 0.5) + 1):\n        if n % i == 0:\n            return False\n"
-        bridge, times = self.bridge, []
-        for _ in range(20):
-            start = time.perf_counter()
-            new = b"".join(bridge.target_piece(t) for t in bridge.to_target(text[:24]))  # a round's accepted text
-            bridge.to_draft(text[:24] + new)  # the window tokenized again with it
-            drafted = b"".join(bridge.draft_piece(t) for t in bridge.to_draft(text[48:72]))
-            bridge.to_target(text[40:48] + drafted)  # the draft's text, after the history's last tokens
-            times.append(time.perf_counter() - start)
-        return {"seconds": float(np.median(times)), "difference": self.vocab_difference,
-                "shared_tokens": len(bridge.shared()[1])}
 
     @property
     def n_ctx(self) -> int:

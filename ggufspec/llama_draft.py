@@ -136,13 +136,11 @@ class GGUFDraftModel(LlamaDraftModel):
     def _drafter_for(self, target) -> ModelDrafter:
         """The draft model's drafter for this target's vocabulary: its own ids (the same vocabulary, or padded), or
         through text (another tokenizer: `textdraft`); one GGUFSpecError where neither can serve."""
-        from .llama.compat import check_text_drafting, incompatibility
+        from .llama.compat import text_pairing
         from .llama.vocab import TextBridge
 
-        difference = incompatibility(target, self.model)
-        if difference is None:
+        if text_pairing(target, self.model) is None:
             return ModelDrafter(self.ctx, target_n_vocab=target.n_vocab)
-        check_text_drafting(target, self.model, difference)
         return TextDrafter(self.ctx, TextBridge(target, self.model), target_n_vocab=target.n_vocab)
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:

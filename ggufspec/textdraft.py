@@ -103,7 +103,7 @@ class TextDrafter(ModelDrafter):
         self.sampled_rule = sampled_rule
         self.choice = RuleChoice()  # shared by this drafter's copies: what one generation learns, the next uses
         self._last: tuple | None = None  # the last sampled proposal: (its rule, the history's length, its tokens)
-        self._to_draft: dict | None = None  # a shared target id -> the draft's
+        self._to_draft: dict = {}  # a shared target id -> the draft's (filled in place: this drafter's copies share it)
         self.target_vocab = target_n_vocab  # the proposals' ids (the inner ModelDrafter works in the draft's)
         self._text_of: list[int] = []  # the target history converted so far
         self._text = b""
@@ -151,7 +151,7 @@ class TextDrafter(ModelDrafter):
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
         super().reset(prompt_tokens, reuse=reuse, lazy=lazy)
-        self._committed = min(self._committed, self._stable(len(self._own_history(prompt_tokens))))
+        self._committed = min(self._committed, self._stable(len(self.bridge.draft_prefix) + len(self._draft)))
 
     def _stable(self, n_draft_history: int) -> int:
         """How much of a draft history of this length later histories keep (the window is tokenized again)."""
@@ -166,7 +166,7 @@ class TextDrafter(ModelDrafter):
         draft_max = min(draft_max, self.ctx.n_ctx - len(own))
         if draft_max <= 0 or not own:
             return Draft(tokens=[], source=self.name)
-        pending = self._sync(history)
+        pending = self._sync_own(own)
         logits = self.ctx.decode(pending, logits="last")[0]
         self._committed = min(len(self.kv_tokens), self._stable(len(own)))
         self._learn(history)
@@ -210,8 +210,9 @@ class TextDrafter(ModelDrafter):
         """TLI: the draft's distribution on the shared tokens, in the target's ids; each proposal is fed back to
         the draft as its own token."""
         draft_ids, target_ids = self.bridge.shared()
-        to_draft = dict(zip(target_ids.tolist(), draft_ids.tolist())) if self._to_draft is None else self._to_draft
-        self._to_draft = to_draft
+        to_draft = self._to_draft
+        if not to_draft:
+            to_draft.update(zip(target_ids.tolist(), draft_ids.tolist()))
 
         def moved(row: np.ndarray) -> np.ndarray:
             out = np.full(self.target_vocab, NO_TOKEN, dtype=np.float32)

@@ -80,10 +80,22 @@ def cannot_write_every_text(model) -> str | None:
     return None
 
 
-def check_text_drafting(target: Model, draft: Model, difference: str) -> None:
-    """One line where a draft of another vocabulary cannot draft through text (see cannot_write_every_text)."""
+def text_drafting_problem(target: Model, draft: Model) -> str | None:
+    """Why a draft of another vocabulary cannot draft through text for this target (None: it can): a tokenizer of
+    either that would abort on some text (see cannot_write_every_text)."""
     for role, model in (("draft", draft), ("target", target)):
         problem = cannot_write_every_text(model)
         if problem:
-            raise GGUFSpecError(f"{draft.path} cannot draft for {target.path}: {difference}, and across tokenizers "
-                                f"the {role} cannot: {problem}; pick a draft with byte tokens (most GGUF models have them)")
+            return f"the {role} cannot: {problem}"
+    return None
+
+
+def text_pairing(target: Model, draft: Model) -> str | None:
+    """How the draft's vocabulary differs from the target's (None: the same, or padded within llama.cpp's rule),
+    where it can draft through text (textdraft); one GGUFSpecError line where it cannot."""
+    difference = incompatibility(target, draft)
+    problem = text_drafting_problem(target, draft) if difference else None
+    if problem:
+        raise GGUFSpecError(f"{draft.path} cannot draft for {target.path}: {difference}, and across tokenizers "
+                            f"{problem}; pick a draft with byte tokens (most GGUF models have them)")
+    return difference

@@ -4,6 +4,7 @@ compare), for a model of its own (`backend.Model`) and for the model of a llama-
 from __future__ import annotations
 
 import ctypes
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,6 @@ import numpy as np
 from .gguf_info import file_stamp
 from .runtime import C
 
-TOKEN_ATTR_UNKNOWN, TOKEN_ATTR_UNUSED, TOKEN_ATTR_CONTROL, TOKEN_ATTR_BYTE = 1 << 0, 1 << 1, 1 << 3, 1 << 5  # llama_token_attr
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
 
@@ -88,7 +88,7 @@ class TextBridge:
     def _no_text(model) -> np.ndarray:
         """Tokens with no text of their own to share: control, unknown and unused ones, and ends of generation."""
         vocab = model._vocab
-        return np.array([bool(C.llama_vocab_get_attr(vocab, t) & (TOKEN_ATTR_UNKNOWN | TOKEN_ATTR_UNUSED | TOKEN_ATTR_CONTROL))
+        return np.array([bool(C.llama_vocab_get_attr(vocab, t) & (C.LLAMA_TOKEN_ATTR_UNKNOWN | C.LLAMA_TOKEN_ATTR_UNUSED | C.LLAMA_TOKEN_ATTR_CONTROL))
                          or C.llama_vocab_is_eog(vocab, t) for t in range(model.n_vocab)], dtype=bool)
 
     def target_piece(self, token: int) -> bytes:
@@ -127,9 +127,20 @@ class TextBridge:
             self._shared = shared_tokens(self.target, self.draft, self._target_none, self.draft_stops)
         return self._shared
 
-    def share(self) -> float:
-        """The fraction of the target's tokens the draft has too."""
-        return len(self.shared()[1]) / self.target.n_vocab
+
+def text_round_trip(bridge) -> dict:
+    """What a round's text conversions cost a draft of another vocabulary (a vocab.TextBridge): the accepted text
+    tokenized again for the draft, the draft's text for the target; median of 20, microseconds (not cached)."""
+    text = b"    for i in range(2, int(n ** 0.5) + 1):\n        if n % i == 0:\n            return False\n"
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        new = b"".join(bridge.target_piece(t) for t in bridge.to_target(text[:24]))  # a round's accepted text
+        bridge.to_draft(text[:24] + new)  # the window tokenized again with it
+        drafted = b"".join(bridge.draft_piece(t) for t in bridge.to_draft(text[48:72]))
+        bridge.to_target(text[40:48] + drafted)  # the draft's text, after the history's last tokens
+        times.append(time.perf_counter() - start)
+    return {"seconds": float(np.median(times)), "shared_tokens": len(bridge.shared()[1])}
 
 
 def shared_tokens(target, draft, target_none=None, draft_none=None) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +164,7 @@ def shared_tokens(target, draft, target_none=None, draft_none=None) -> tuple[np.
 def _normal_first(model) -> list[int]:
     """The vocabulary's ids, its byte-fallback tokens last: a text's own token (a letter, a newline) is the one a
     model predicts, not the byte token of the same text."""
-    byte = np.array([C.llama_vocab_get_attr(model._vocab, t) & TOKEN_ATTR_BYTE for t in range(model.n_vocab)], dtype=bool)
+    byte = np.array([C.llama_vocab_get_attr(model._vocab, t) & C.LLAMA_TOKEN_ATTR_BYTE for t in range(model.n_vocab)], dtype=bool)
     return [*np.flatnonzero(~byte), *np.flatnonzero(byte)]
 
 

@@ -156,7 +156,7 @@ class _TargetVocabulary:
         """(why the draft cannot draft for the target, or None; the fraction of the target's tokens it shares by text
         where it drafts across tokenizers, else None). same_only: the same vocabulary or none (MTP layers)."""
         from ..llama.backend import Model
-        from ..llama.compat import cannot_write_every_text, incompatibility
+        from ..llama.compat import incompatibility, text_drafting_problem
         from ..llama.vocab import shared_tokens
 
         if self.model is None:
@@ -166,9 +166,9 @@ class _TargetVocabulary:
                 difference = incompatibility(self.model, model)
                 if difference is None or same_only:
                     return difference, None
-                problem = cannot_write_every_text(model) or cannot_write_every_text(self.model)
+                problem = text_drafting_problem(self.model, model)
                 if problem:
-                    return f"{difference}; across tokenizers: {problem}", None
+                    return f"{difference}; across tokenizers {problem}", None
                 return None, len(shared_tokens(self.model, model)[1]) / self.model.n_vocab
         except GGUFSpecError:
             return "llama.cpp cannot read its vocabulary", None
@@ -206,7 +206,7 @@ def check_file(name: str, source: str, path: Path, target, target_bytes: int, vo
     else:
         c.mode = "mtp" if is_mtp_file(info) else "draft"
         mtp = c.mode == "mtp"
-        reason = (mtp_file_misfit(target, info) if mtp else None) or (header_incompatibility(target, info) if mtp else None)
+        reason = (mtp_file_misfit(target, info) or header_incompatibility(target, info)) if mtp else None
         if reason is None:
             reason, share = vocabulary.pairing(path, same_only=mtp)
         c.usable, c.why = reason is None, reason or ("the target's MTP layers, in a file of their own" if mtp else

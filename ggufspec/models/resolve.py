@@ -242,7 +242,7 @@ def check_pair(target: str, draft: str | None = None, registry=None) -> str:
     """One sentence saying the draft can serve the target; GGUFSpecError saying why not. No draft: TARGET is a
     pair's name (its target and draft), or a model checked for MTP layers of its own to draft with."""
     from ..llama.backend import Model
-    from ..llama.compat import check_compatible, check_text_drafting, incompatibility
+    from ..llama.compat import check_compatible, text_pairing
     from ..llama.vocab import shared_tokens
     from ..llama.draft_fit import alone_misuse, is_mtp_file, mtp_file_misfit
     from ..llama.gguf_info import read_info
@@ -273,12 +273,11 @@ def check_pair(target: str, draft: str | None = None, registry=None) -> str:
             check_compatible(t, d)
             return (f"compatible: {d.path.name} holds the MTP layers of {t.path.name} ({d.info.n_nextn} block"
                     f"{'s' if d.info.n_nextn > 1 else ''}): use -md {d.path.name} --mode mtp")
-        difference = incompatibility(t, d)
+        difference = text_pairing(t, d)
         for m in (t, d):  # a vocabulary that fits is not yet a model that loads: load each (mapped, not copied)
             Model(m.path, role=m.role, repack=False).close()
         mtp = t.info.n_nextn
         if difference:
-            check_text_drafting(t, d, difference)
             n_shared = len(shared_tokens(t, d)[1])
             how = (f"across tokenizers, through text ({difference}): its greedy drafts are its text as the target "
                    f"tokenizes it, its sampled ones on the {n_shared:,} tokens both write alike "
