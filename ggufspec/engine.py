@@ -26,6 +26,7 @@ from .llama.draft_fit import is_mtp_file, mtp_file_misfit
 from .llama.heads import MtpHead, check_mtp
 from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
+from .llama.sequences import decode_together
 from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible, text_pairing
 from .llama.vocab import TextBridge, text_round_trip
@@ -57,13 +58,17 @@ class Engine(Closing):
     target's layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe N; -1: every layer's, --cpu-moe);
     type_k / type_v: both models' KV cache types (llama.cpp's -ctk / -ctv: "f16", "q8_0", ...).
     mtp: load the target's MTP (NextN) layers, where its GGUF has them, for mode "mtp" and auto (default: True).
+    n_seq: sequences each context holds (llama.cpp's -np): `generation(prompt_tokens, settings, slot)` builds a
+    generation on sequence `slot`, which `serving.Batch` steps beside the others in one target batch; n_ctx is
+    shared by them all; kv_unified: one KV cache for them (llama.cpp's -kvu; llama.sequences says what it costs).
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
                  remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0,
-                 type_k: str = "f16", type_v: str = "f16", mtp: bool = True):
+                 type_k: str = "f16", type_v: str = "f16", mtp: bool = True, n_seq: int = 1, kv_unified: bool = False):
         check_count(n_ctx, "-c/--ctx-size", 8)
+        check_count(n_seq, "-np/--parallel", 1)
         check_count(n_batch, "-b/--batch-size", 1)
         check_layers(n_gpu_layers, "-ngl/--n-gpu-layers")  # -1: every layer
         check_layers(draft_n_gpu_layers, "-ngld/--n-gpu-layers-draft")
@@ -82,12 +87,14 @@ class Engine(Closing):
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
         try:
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
-                                      cpu_moe=cpu_moe, mtp=bool(mtp))
+                                      cpu_moe=cpu_moe, mtp=bool(mtp) and n_seq == 1)
             check_kv_cache_types(self.target_model.info, *cache_types)
             self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                      rollback=ROLLBACK_ROWS, cache_types=cache_types)
+                                      rollback=ROLLBACK_ROWS, cache_types=cache_types, n_seq=n_seq,
+                                      kv_unified=kv_unified)
             self._load_draft(draft, n_gpu_layers=draft_n_gpu_layers, devices=draft_devices, n_ctx=n_ctx,
-                             n_batch=n_batch, n_threads=n_threads, cache_types=cache_types)
+                             n_batch=n_batch, n_threads=n_threads, cache_types=cache_types, n_seq=n_seq,
+                             kv_unified=kv_unified)
         except BaseException:
             self.close()
             raise
@@ -109,11 +116,16 @@ class Engine(Closing):
         self._holder: int | None = None  # the thread whose generation runs
         self._generation = 0  # the running generation's number
 
-    def _load_draft(self, draft, *, n_gpu_layers, devices, n_ctx, n_batch, n_threads, cache_types) -> None:
+    def _load_draft(self, draft, *, n_gpu_layers, devices, n_ctx, n_batch, n_threads, cache_types, n_seq,
+                    kv_unified) -> None:
         """The -md file, as what it is: the target's MTP layers (a sibling mtp-*.gguf), an EAGLE-3 or DFlash draft
         (a head following the target's context), or a draft model on a context of its own; and the target's own
         MTP head, where it has MTP layers."""
         info = read_info(draft) if draft is not None else None
+        if n_seq > 1 and info is not None and (is_mtp_file(info) or info.architecture in HIDDEN_HEADS):
+            kind = "MTP layers" if is_mtp_file(info) else f"{info.architecture} draft"
+            raise GGUFSpecError(f"{draft}: a head reading the target's hidden states ({kind}) drafts for one sequence "
+                                "at a time here; serve it with -np 1, or give a draft model")
         if info is not None and is_mtp_file(info):  # a sibling mtp-*.gguf: the target's MTP layers
             misfit = mtp_file_misfit(self.target_model.info, info)
             if misfit:  # llama.cpp would load them and assert (or read past its rows) at the first draft
@@ -136,7 +148,7 @@ class Engine(Closing):
                 self.bridge = TextBridge(self.target_model, self.draft_model)
             check_kv_cache_types(self.draft_model.info, *cache_types)
             self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                     cache_types=cache_types)
+                                     cache_types=cache_types, n_seq=n_seq, kv_unified=kv_unified)
 
     @property
     def mtp_head(self):
@@ -233,16 +245,43 @@ class Engine(Closing):
         finally:
             self._end(generation)
 
-    def _build(self, s: GenerationSettings, prompt_tokens: list[int]) -> Generation:
-        """One generation's parts, built here once and handed down: the context it decodes on, a fresh
-        drafter (its own ModelDrafter copy, so --draft-p-min is its own), the verification policy."""
+    def generation(self, prompt_tokens: list[int], settings: GenerationSettings, slot: int) -> Generation:
+        """A generation on sequence `slot` of an Engine of several (n_seq), for `serving.Batch` to step: checked
+        settings and prompt tokens, its own drafter on the draft context's sequence of the same number."""
+        self._check_open()
+        if not 0 <= slot < len(self.target_ctx.sequences):
+            raise GGUFSpecError(f"sequence {slot} does not exist: this Engine holds {len(self.target_ctx.sequences)} "
+                                "(n_seq)")
+        return self._build(settings.validate(), [int(t) for t in self._check_prompt(prompt_tokens)], slot)
+
+    def release(self, slot: int) -> None:
+        """Empty sequence `slot`'s caches (its generation ended), so the others' batches do not attend past it."""
+        for ctx in (self.target_ctx, self.draft_ctx):
+            if ctx is not None and ctx.sequences:
+                ctx.sequences[slot].truncate(0)
+
+    def decode_together(self, parts: list) -> list:
+        """[(sequence, tokens, logits)] of the target's sequences decoded in one batch (llama.sequences)."""
+        return decode_together(self.target_ctx, parts)
+
+    @property
+    def n_seq(self) -> int:
+        """The sequences each context holds (1: the Engine's own)."""
+        return len(self.target_ctx.sequences) or 1
+
+    def _build(self, s: GenerationSettings, prompt_tokens: list[int], slot: int | None = None) -> Generation:
+        """One generation's parts, built here once and handed down: the context it decodes on (slot: that
+        sequence of several), a fresh drafter (its own ModelDrafter copy, so --draft-p-min is its own), the
+        verification policy."""
+        target_ctx = self.target_ctx if slot is None else self.target_ctx.sequences[slot]
+        draft_ctx = self.draft_ctx if slot is None or self.draft_ctx is None else self.draft_ctx.sequences[slot]
         if s.mode in DRAFT_ALONE_MODES:  # the draft generating by itself: plain decoding on its context
             if self.draft_model is None:
                 raise GGUFSpecError(f"mode {s.mode!r} needs a draft model (-md DRAFT)")
             if self.bridge is not None:  # another vocabulary: the prompt's text, as the draft tokenizes it
                 text = b"".join(self.bridge.target_piece(t) for t in prompt_tokens)
                 prompt_tokens = self.bridge.draft_prefix + self.bridge.to_draft(text)
-            return Generation(s, prompt_tokens, self.draft_model, self.draft_ctx, None,
+            return Generation(s, prompt_tokens, self.draft_model, draft_ctx, None,
                               Verification(tie_margin=s.tie_margin), 0)
         if s.mode in DRAFTING_MODES and self.target_ctx.n_batch < 2:  # speculative.draft_max leaves no draft room
             warn_once(f"ggufspec: -b/--batch-size {self.target_ctx.n_batch} leaves no room to verify a draft (the "
@@ -252,6 +291,7 @@ class Engine(Closing):
         model = copy.copy(self.model_drafter) if self.model_drafter is not None else None
         if model is not None:
             model.p_min = s.draft_p_min or 0.0
+            model.ctx = draft_ctx
         if s.mode in MODEL_MODES and self.draft_model is None and self.file_head is not None:
             s = replace(s, mode=self.file_head)  # -md named a head (mtp-*.gguf, an eagle3 or dflash draft): draft with it
         self._check_head(s.mode)
@@ -264,7 +304,7 @@ class Engine(Closing):
             head.activate(name in used)  # a head follows the target only for generations that draft with it
         if any(not self.heads[name].synced for name in used if name in self.heads):
             s = replace(s, reuse_prompt=False)  # a head missed decodes: the prompt is evaluated anew, with it
-        return Generation(s, prompt_tokens, self.target_model, self.target_ctx, drafter, verification, draft_max)
+        return Generation(s, prompt_tokens, self.target_model, target_ctx, drafter, verification, draft_max)
 
     def _check_head(self, mode: str) -> None:
         """One line where `mode` drafts with a head this Engine has not got."""

@@ -20,7 +20,7 @@ from .costs import MAX_BATCH
 from .drafters import Drafter
 from .errors import GGUFSpecError
 from .sampling import SAMPLING_RULES, PositionNoise, SamplingParams
-from .speculative import prefill, rounds
+from .speculative import Steps, prefill
 from .text import TextAssembler
 from .verification import DEFAULT_TIE_MARGIN, Verification
 
@@ -197,32 +197,37 @@ class Generation:
         self.text = TextAssembler(model.token_to_piece, model.eog_mask, stop=s.stop, max_tokens=s.max_tokens,
                                   ignore_eos=s.ignore_eos)
 
-    def chunks(self, before_round: Callable[[], None] = lambda: None) -> Iterator[Chunk]:
-        """Prefill, then a Chunk per round until the text ends; before_round runs before each round."""
+    def begin(self) -> Chunk:
+        """Prefill, reset the drafter, and the first round's chunk (the token of the prompt's last row); later
+        rounds are `steps.plan` and `steps.finish`, each turned into a chunk by `take`."""
         s = self.settings
         start = time.perf_counter()
         logits, self.stats.n_reused = prefill(self.ctx, self.prompt_tokens, reuse=s.reuse_prompt)
         if self.drafter is not None:
             self.drafter.reset(self.prompt_tokens, reuse=s.reuse_prompt)
         self.stats.prompt_seconds = time.perf_counter() - start
-        steps = rounds(self.ctx, self.drafter, self.prompt_tokens, logits, s, self.rng, max_tokens=s.max_tokens,
-                       draft_max=self.draft_max, draft_min=s.draft_min, verification=self.verification,
-                       noise=self.noise)
-        try:
-            while True:
-                before_round()
-                r = next(steps, None)
-                if r is None:
-                    return
-                chunk = self._chunk(r)
-                yield chunk
-                if chunk.finish_reason is not None:
-                    return
-        finally:
-            if self.noise is not None:
-                self.noise.close()
+        self.steps = Steps(self.ctx, self.drafter, self.prompt_tokens, logits, s, self.rng, max_tokens=s.max_tokens,
+                           draft_max=self.draft_max, draft_min=s.draft_min, verification=self.verification,
+                           noise=self.noise)
+        return self.take(self.steps.first())
 
-    def _chunk(self, r: Round) -> Chunk:
+    def chunks(self, before_round: Callable[[], None] = lambda: None) -> Iterator[Chunk]:
+        """Prefill, then a Chunk per round until the text ends; before_round runs before each round."""
+        try:
+            chunk = self.begin()
+            yield chunk
+            while chunk.finish_reason is None and not self.steps.done:
+                before_round()
+                chunk = self.take(self.steps.finish(self.steps.plan()))
+                yield chunk
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.noise is not None:
+            self.noise.close()
+
+    def take(self, r: Round) -> Chunk:
         new_tokens, shown, finish = self.text.add(r.tokens)
         self.stats.add(r, len(new_tokens))
         return Chunk(shown, new_tokens, r.source, r.n_drafted, r.n_accepted, self.stats.copy(), finish)

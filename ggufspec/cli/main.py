@@ -18,6 +18,7 @@ from .guard import stopped_by, terminate_as_interrupt
 from .machine import costs_command, doctor, plan_command, rpc_server, tune_command
 from .drafts import drafts_command
 from .models import models
+from .serve import serve_command
 from .progress import BenchProgress
 from .options import int_list, json_option, model_options, sampling_options, split_options, user_errors, whole_number
 
@@ -215,7 +216,7 @@ def _show_bench(result, by: str, *, as_json: bool, as_csv: bool, as_markdown: bo
 
 
 cli.add_command(models)
-for command in (drafts_command, costs_command, plan_command, tune_command, doctor, rpc_server):
+for command in (drafts_command, costs_command, plan_command, tune_command, doctor, rpc_server, serve_command):
     cli.add_command(command)
 
 

@@ -25,6 +25,7 @@ from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut, fitted_rollback
 from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
+from .sequences import sequences_of, set_sequence
 from .vocab import LlamaModel, VocabFacts
 
 CPU_WAITS = 0.75  # the share of a model's weights off the CPU from which its decodes leave the CPU idle
@@ -172,8 +173,13 @@ class Context(Closing):
     """
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 rollback: int = 0, cache_types: tuple[str, str] = ("f16", "f16")):
-        """rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
+                 rollback: int = 0, cache_types: tuple[str, str] = ("f16", "f16"), n_seq: int = 1,
+                 kv_unified: bool = False):
+        """n_seq: sequences the context holds (llama.cpp's n_seq_max; `sequences` are their Targets, each with
+        n_ctx // n_seq tokens; the Context's own decode and truncate act on sequence 0, so use one or the other);
+        kv_unified: one KV cache for them all (llama.cpp's -kvu: a batch of several is one ubatch, but a
+        sequence's cells interleave with the others', and its rows round differently than alone); by default
+        a KV stream per sequence, laid out as a context of its own lays it out; rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
         last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`), as many as the batch allows;
         cache_types: the KV cache's K and V types (llama.cpp's -ctk, -ctv)."""
         misuse = alone_misuse(model.info)  # llama.cpp segfaults creating such a context, or decodes garbage
@@ -186,7 +192,12 @@ class Context(Closing):
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
         params.n_ubatch = int(n_batch)
-        params.n_seq_max = 1
+        if n_seq > 1 and cannot_be_cut(model._model):
+            raise GGUFSpecError(f"{model.path}: a recurrent or hybrid model serves one sequence at a time here "
+                                "(its states cannot yet be rolled back per sequence); use -np 1")
+        params.n_seq_max = int(n_seq)
+        params.kv_unified = bool(kv_unified) and n_seq > 1
+        self.kv_unified = bool(params.kv_unified)
         params.n_threads = int(n_threads)
         params.n_threads_batch = int(n_threads)
         self.cache_types = cache_types
@@ -206,6 +217,7 @@ class Context(Closing):
                 f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"
             )
         self._setup(min(int(n_ctx), C.llama_n_ctx(self._ctx)), n_threads)  # llama.cpp pads n_ctx up; the user's size is the limit
+        self.sequences = sequences_of(self, n_seq) if n_seq > 1 else []
 
     @classmethod
     def of_llama(cls, llama) -> "Context":
@@ -216,6 +228,7 @@ class Context(Closing):
         self.model = LlamaModel(llama)
         self.n_vocab = self.model.n_vocab
         self._owned = False
+        self.kv_unified = False
         self._ctx = llama._ctx.ctx
         self.flash_attn_type = llama.context_params.flash_attn_type
         self.op_offload = bool(getattr(llama.context_params, "op_offload", True))
@@ -244,6 +257,7 @@ class Context(Closing):
         # such a context saves that state before each decode and rewinds by restoring it (see truncate).
         self.cuttable = not cannot_be_cut(getattr(self.model, "_model", None))
         self.checkpoints = Checkpoints(C.llama_n_rs_seq(self._ctx) if not self.cuttable else 0)
+        self.sequences = []
 
     def no_rewind(self):
         """A `with` block whose decodes the caller will not rewind into: where the memory cannot be cut, they
@@ -305,6 +319,8 @@ class Context(Closing):
                 if logits == "last" and end == n:
                     self._out_buf[m - 1] = 1
             self._batch.n_tokens = m
+            if self.sequences:  # the batch's rows may hold other sequences' ids from a batch of several
+                set_sequence(self._batch, m, 0)
             self.checkpoints.batch_start = self.n_past
             decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.n_ctx)
             for follower in self.followers:
@@ -343,7 +359,10 @@ class Context(Closing):
         return True
 
     def clear(self) -> None:
-        C.llama_memory_clear(self._mem, True)
+        if self.sequences:  # the others are theirs
+            C.llama_memory_seq_rm(self._mem, 0, 0, -1)
+        else:
+            C.llama_memory_clear(self._mem, True)
         for follower in self.followers:
             follower.cut(0)
         self.tokens.clear()
@@ -351,6 +370,7 @@ class Context(Closing):
         self.checkpoints.clear()
 
     def close(self) -> None:
+        self.sequences = []
         for follower in list(getattr(self, "followers", ())):  # a follower's context refers to this one
             follower.close()
         if getattr(self, "_batch_live", False):

@@ -37,6 +37,7 @@ class LoadOptions:
     rpc: str | None = None  # llama.cpp RPC servers, "host:port[,host:port]": the target's layers go there
     devices: str | None = None  # llama.cpp's -dev for the target ("RPC0,CUDA0"; "none": the CPU alone)
     draft_devices: str | None = None  # and -devd for the draft
+    n_seq: int = 1  # sequences in each context (serve's -np): n_ctx is theirs together
 
 
 def looks_like_path(text: str) -> bool:
@@ -111,7 +112,7 @@ def pair_defaults(spec: PairSpec) -> dict:
     return out
 
 
-def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
+def open_engine(o: LoadOptions, modes: tuple[str, ...] = (), kv_unified: bool = False):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults). modes: those the run will
     use, checked against the files before anything loads (mtp: the target's MTP layers)."""
     from ..core import HEAD_MODES, HIDDEN_DRAFT_MODES, MTP_MODES
@@ -149,7 +150,8 @@ def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
                                         cpu_moe=cpu_moe_value(moe), type_k=o.type_k, type_v=o.type_v, **planned)
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
-                    draft_devices=draft_devices, cpu_moe=cpu_moe, type_k=o.type_k, type_v=o.type_v)
+                    draft_devices=draft_devices, cpu_moe=cpu_moe, type_k=o.type_k, type_v=o.type_v, n_seq=o.n_seq,
+                    kv_unified=kv_unified)
     return engine, defaults
 
 

@@ -1,0 +1,64 @@
+"""`ggufspec serve`: the OpenAI-compatible server (ggufspec.server) with the shared model and sampling flags."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import GGUFSpecError, check_count
+from .options import model_options, sampling_options, split_options, user_errors, whole_number
+
+
+@click.command("serve")
+@model_options
+@sampling_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface, reachable from other machines).")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option("-np", "--parallel", "n_seq", type=int, default=4, show_default=True,
+              help="Requests served at once, each on a sequence of its own sharing -c; more wait in a queue.")
+@click.option("-kvu", "--kv-unified", "kv_unified", is_flag=True,
+              help="One KV cache for every sequence (llama.cpp's -kvu): a batch of several sequences is always one "
+                   "ubatch, but a request's text may differ from `generate`'s at near-ties.")
+@click.option("--alias", default=None, help="The model's name in /v1/models and in answers (default: the target's).")
+@click.option("--max-queue", type=int, default=64, show_default=True,
+              help="Requests that may wait for a sequence; beyond that a request gets a 503.")
+@user_errors
+def serve_command(host, port, n_seq, kv_unified, alias, max_queue, **options):
+    """Serve the target over an OpenAI-compatible HTTP API, several requests at once in one batched verify.
+
+    -c is shared by the -np sequences (as in llama-server); --mode and the sampling flags are the defaults a
+    request's own fields override (`mode`, `temperature`, `seed`, `max_tokens`, `stop`, ...). Under load,
+    auto drafts less as more requests share a batch, and not at all where drafting would cost more than it
+    returns. Ctrl-C stops it.
+
+    \b
+    Examples:
+      ggufspec serve qwen2.5-coder-1.5b -np 4
+      curl http://127.0.0.1:8080/v1/completions -d '{"prompt": "def fib(n):", "max_tokens": 32}'
+    """
+    from pathlib import Path
+
+    from ..generation import GenerationSettings, resolve_settings
+    from ..models.resolve import merge_pair_settings, open_engine
+    from ..server import serve
+
+    check_count(n_seq, "-np/--parallel", 1)
+    check_count(max_queue, "--max-queue", 0)
+    if not 0 < port < 65536:
+        raise GGUFSpecError(f"--port must be between 1 and 65535 (got {port})")
+    load, settings, draft_max = split_options(options, n_seq=n_seq)
+    if draft_max is not None:
+        settings["draft_max"] = whole_number(draft_max, "--draft-max")
+    if load.n_ctx < 8 * n_seq:
+        raise GGUFSpecError(f"-c {load.n_ctx} leaves each of the -np {n_seq} sequences under 8 tokens; raise -c")
+    engine, pair_defaults = open_engine(load, modes=(settings.get("mode", ""),), kv_unified=kv_unified)
+    with engine:
+        settings, _ = merge_pair_settings(pair_defaults.get("settings", {}), settings)
+        defaults = resolve_settings(GenerationSettings(), settings)
+        name = alias or Path(engine.target_model.path).stem
+
+        def ready(url: str) -> None:
+            click.echo(f"ggufspec serve: {name} on {url}/v1 ({n_seq} sequences of {engine.n_ctx // n_seq} tokens, "
+                       f"mode {defaults.mode}); Ctrl-C stops it", err=True)
+
+        serve(engine, name, defaults, host=host, port=port, max_queue=max_queue, ready=ready)

@@ -1,0 +1,317 @@
+"""Several generations at once on one target: each on its own sequence of one llama.cpp context, every step ONE
+target batch holding each active sequence's [last] + draft rows, each verified from its own rows by the loop's
+own two halves (`Steps.plan`, `Steps.finish`). `Batch` steps them; `Scheduler` admits requests into free
+sequences between steps (continuous batching) and hands each its chunks.
+
+Speculation under load: a verify row costs little while the batch is small and about a step each once it is
+not, so auto's streams share one draft budget per step, chosen from the measured cost of a batch of that many
+rows (`batch_budget`): at one stream auto drafts as it does alone; as streams are added it drafts less, and
+finally not at all. Fixed modes draft as told.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .costs import MARGIN, Costs, expected_tokens
+from .errors import GGUFSpecError
+from .generation import Chunk, Generation, GenerationSettings
+from .verification import Verification
+
+# A stream's acceptance before it has drafted: a light prior (Laplace's), so a few rounds decide.
+PRIOR_ACCEPTED, PRIOR_DRAFTED = 1.0, 2.0
+
+
+def ubatches(rows: list[int], unified: bool) -> list[int]:
+    """The ubatches llama.cpp computes for one batch holding these rows per sequence (in sequence order): one
+    where the KV cache is unified; else (a KV stream per sequence) the same number of rows of each sequence per
+    ubatch (its split_equal), so sequences of unequal rows take one ubatch per distinct length."""
+    if unified:
+        return [sum(rows)]
+    out, left = [], sorted(r for r in rows if r)
+    while left:
+        m = left[0]
+        out.append(m * len(left))
+        left = [r - m for r in left if r > m]
+    return out
+
+
+def groups(rows: list[int], limit: int | None) -> list[list[int]]:
+    """Which parts (indices) each decode holds: all in one, or (exact verification: limit rows at most, so
+    every row is computed as one-token decoding computes it) as many in each as fit."""
+    if limit is None:
+        return [list(range(len(rows)))]
+    out, size = [[]], 0
+    for i, r in enumerate(rows):
+        if out[-1] and size + r > limit:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += r
+    return out
+
+
+def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> float:
+    """What decoding these rows per sequence costs, as `Batch` decodes them."""
+    return sum(costs.batch_seconds(u) for g in groups(rows, limit) for u in ubatches([rows[i] for i in g], unified))
+
+
+def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int, limit: int | None = None,
+                 unified: bool = False) -> int:
+    """The most tokens each speculating stream may draft this step: of 0..longest, the length whose expected
+    tokens per second over the whole batch are highest, and 0 unless drafting beats none by the margin.
+    streams: (acceptance, seconds per drafted token) of each."""
+    n = len(streams)
+
+    def rate(d: int) -> float:
+        tokens = sum(expected_tokens(alpha, d) for alpha, _ in streams)
+        return tokens / (step_seconds(costs, [d + 1] * n, limit, unified) + d * sum(step for _, step in streams))
+
+    base = rate(0)
+    best = max(range(1, longest + 1), key=rate, default=0)
+    return best if best and rate(best) > base * MARGIN else 0
+
+
+def trimmed(costs: Costs, lengths: list[int], alphas: list[float], auto: list[bool], limit: int | None,
+            unified: bool) -> list[int]:
+    """The draft lengths to verify once every stream has drafted: auto's drafts cut to the common length (or
+    kept as drafted) that gives the batch the most expected tokens a second; other modes' as drafted."""
+    best, best_rate = lengths, -1.0
+    for cap in [None, *range(max(lengths, default=0) + 1)]:
+        cut = [n if cap is None or not a else min(n, cap) for n, a in zip(lengths, auto)]
+        tokens = sum(expected_tokens(alpha, n) for alpha, n in zip(alphas, cut))
+        rate = tokens / step_seconds(costs, [n + 1 for n in cut], limit, unified)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = cut, rate
+    return best
+
+
+def _alpha(g: Generation) -> float:
+    s = g.stats
+    return min(0.99, (s.n_accepted + PRIOR_ACCEPTED) / (s.n_drafted + PRIOR_DRAFTED))
+
+
+def _exactly(exact: bool, tie_margin: float) -> Verification:
+    """How a round decoded in a batch shared with other sequences is judged: exact (every row computed as
+    one-token decoding computes it: judged as it is) or not (each near-tie decoded again by itself)."""
+    return Verification(exact_batch=1 << 30 if exact else 0, exact=False, tie_margin=tie_margin)
+
+
+class Batch:
+    """Steps several generations, each on its own sequence, through one target decode per step (several where
+    verification is exact: each of at most the bit-exact batch size). decode_together: [(target, tokens, "all")]
+    -> rows per part (llama.sequences.decode_together). unified: the KV cache is one for all sequences."""
+
+    def __init__(self, decode_together: Callable, costs: Costs | None, *, longest: int = 16, unified: bool = False):
+        self.decode_together, self.costs, self.longest, self.unified = decode_together, costs, longest, unified
+
+    def _limit(self, generations: list[Generation]) -> int | None:
+        """The most rows one decode may hold so that each is computed bit-identically to one-token decoding (None:
+        no such batch here, or past the cache length where one was seen: one decode, near-ties re-checked)."""
+        limits = [g.verification.batch_limit(g.steps.target.n_past + 1 + self.longest) for g in generations]
+        return None if None in limits else min(limits)
+
+    def budget(self, generations: list[Generation], limit: int | None) -> int | None:
+        """This step's draft cap for auto's streams (None: one stream, no cap)."""
+        auto = [g for g in generations if g.settings.mode == "auto"]
+        if len(generations) < 2 or not auto or self.costs is None:
+            return None
+        streams = [(_alpha(g), g.stats.draft_seconds / g.stats.n_drafted if g.stats.n_drafted else 0.0)
+                   for g in generations]
+        return batch_budget(self.costs, streams, self.longest, limit, self.unified)
+
+    def step(self, generations: list[Generation]) -> list[tuple[Generation, Chunk | BaseException]]:
+        """One round for each generation (none finished): its chunk, or the error that ended it."""
+        limit = self._limit(generations)
+        budget = self.budget(generations, limit)
+        out, plans = [], []
+        for g in generations:
+            try:
+                plans.append((g, g.steps.plan(budget if g.settings.mode == "auto" else None)))
+            except Exception as e:  # noqa: BLE001 (that request fails, the others go on)
+                out.append((g, e))
+        if len(plans) == 1:  # alone in the batch: verified as one sequence is
+            g, plan = plans[0]
+            return out + [(g, _finish(g, plan))]
+        if self.costs is not None and len(plans) > 1:
+            lengths = trimmed(self.costs, [len(p.draft_tokens) for _, p in plans], [_alpha(g) for g, _ in plans],
+                              [g.settings.mode == "auto" for g, _ in plans], limit, self.unified)
+            plans = [(g, p if len(p.draft_tokens) == n else p.cut(n)) for (g, p), n in zip(plans, lengths)]
+        alone = [(g, p) for g, p in plans if limit is not None and len(p.inputs) > limit]  # its own exact chunks
+        together = [(g, p) for g, p in plans if limit is None or len(p.inputs) <= limit]
+        for part in groups([len(p.inputs) for _, p in together], limit):
+            members = [together[i] for i in part]
+            if len(members) == 1:
+                alone += members
+                continue
+            try:
+                rows = self.decode_together([(g.ctx, p.inputs, "all") for g, p in members])
+            except Exception as e:  # noqa: BLE001 (decode_together left every sequence as it was)
+                out += [(g, e) for g, _ in members]
+                continue
+            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.settings.tie_margin)))
+                    for (g, p), r in zip(members, rows)]
+        return out + [(g, _finish(g, p)) for g, p in alone]
+
+
+def _finish(g: Generation, plan, rows=None, verification: Verification | None = None) -> Chunk | BaseException:
+    try:
+        return g.take(g.steps.finish(plan, rows, verification))
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+@dataclass
+class Ticket:
+    """One request: what to generate, and where its chunks go (`deliver(chunk)`, then `deliver(None)` at the end,
+    or `deliver(error)`). cancel(): the client went away; its sequence is freed before the next step."""
+
+    prompt_tokens: list[int]
+    settings: GenerationSettings
+    deliver: Callable
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.perf_counter)
+    slot: int | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class Totals:
+    """What the server has done, for /metrics."""
+
+    requests: int = 0
+    errors: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    busy_seconds: float = 0.0
+
+
+class Scheduler:
+    """A thread that runs a Batch over n_slots sequences: requests wait in a queue (at most max_queue), join
+    free sequences between steps and leave when done or cancelled. build(prompt_tokens, settings, slot) ->
+    Generation; release(slot): empty that sequence's caches."""
+
+    def __init__(self, build: Callable, release: Callable, batch: Batch, n_slots: int, max_queue: int = 64):
+        self.build, self.release, self.batch = build, release, batch
+        self.n_slots, self.max_queue = n_slots, max_queue
+        self.waiting: collections.deque[Ticket] = collections.deque()
+        self.active: dict[int, tuple[Ticket, Generation]] = {}
+        self.totals = Totals()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="ggufspec-scheduler", daemon=True)
+
+    def start(self) -> "Scheduler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, ticket: Ticket) -> int:
+        """Queue a request; returns how many wait before it (0: it starts at the next step if a slot is free)."""
+        with self._wake:
+            if len(self.waiting) >= self.max_queue:
+                raise GGUFSpecError(f"the server is busy: {len(self.active)} requests running and {len(self.waiting)} "
+                                    "waiting; try again later")
+            ahead = len(self.waiting) + max(0, len(self.active) - self.n_slots + 1)
+            self.waiting.append(ticket)
+            self._wake.notify()
+            return ahead
+
+    @property
+    def idle_slots(self) -> int:
+        return self.n_slots - len(self.active)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.waiting and not self.active:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+            self._drop_cancelled()
+            self._admit()
+            if self.active:
+                self._step()
+        for slot in list(self.active):
+            self._end(slot, error=GGUFSpecError("the server is shutting down"))
+        for ticket in self.waiting:
+            ticket.deliver(GGUFSpecError("the server is shutting down"))
+
+    def _admit(self) -> None:
+        while len(self.active) < self.n_slots:
+            with self._wake:
+                if not self.waiting:
+                    return
+                ticket = self.waiting.popleft()
+            if ticket.cancelled.is_set():
+                self.totals.cancelled += 1
+                continue
+            slot = min(set(range(self.n_slots)) - set(self.active))
+            ticket.slot = slot
+            try:
+                g = self.build(ticket.prompt_tokens, ticket.settings, slot)
+                self.active[slot] = (ticket, g)
+                self._deliver(slot, g.begin())
+            except Exception as e:  # noqa: BLE001
+                if slot in self.active:
+                    self._end(slot, error=e)
+                else:
+                    self.totals.errors += 1
+                    ticket.deliver(e)
+
+    def _drop_cancelled(self) -> None:
+        for slot, (ticket, _) in list(self.active.items()):
+            if ticket.cancelled.is_set():
+                self.totals.cancelled += 1
+                self._end(slot)
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        slots = sorted(self.active)
+        results = self.batch.step([self.active[s][1] for s in slots])
+        self.totals.steps += 1
+        self.totals.busy_seconds += time.perf_counter() - start
+        by_generation = {id(g): r for g, r in results}
+        for slot in slots:
+            result = by_generation[id(self.active[slot][1])]
+            if isinstance(result, BaseException):
+                self._end(slot, error=result)
+            else:
+                self._deliver(slot, result)
+
+    def _deliver(self, slot: int, chunk: Chunk) -> None:
+        ticket, g = self.active[slot]
+        ticket.deliver(chunk)
+        if chunk.finish_reason is not None or g.steps.done:
+            self._end(slot)
+
+    def _end(self, slot: int, error: BaseException | None = None) -> None:
+        ticket, g = self.active.pop(slot)
+        g.close()
+        s = g.stats
+        self.totals.requests += 1
+        self.totals.errors += error is not None
+        self.totals.prompt_tokens += s.n_prompt
+        self.totals.completion_tokens += s.n_generated
+        self.totals.drafted += s.n_drafted
+        self.totals.accepted += s.n_accepted
+        try:
+            self.release(slot)
+        finally:
+            ticket.deliver(error)
