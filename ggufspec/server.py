@@ -142,11 +142,11 @@ class Server:
 
 
 def create_app(server: Server):
-    """The FastAPI app over a started Server (stopped, and its Engine closed, when the app shuts down)."""
+    """The FastAPI app over a started Server (stopped when the app shuts down)."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.responses import PlainTextResponse
 
     @asynccontextmanager
     async def lifespan(app):
@@ -154,10 +154,6 @@ def create_app(server: Server):
         server.stop()
 
     app = FastAPI(title="ggufspec", lifespan=lifespan)
-
-    def error(status: int, message: str) -> JSONResponse:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
     @app.get("/health")
     async def health():
@@ -174,83 +170,102 @@ def create_app(server: Server):
     async def metrics():
         return PlainTextResponse(server.metrics(), media_type="text/plain; version=0.0.4")
 
-    async def complete(request: Request, chat: bool):
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return error(400, "the request body is not JSON")
-        try:
-            tokens, settings, stream = server.parse(body, chat)
-        except BadRequest as e:
-            return error(400, str(e))
-        loop, items = asyncio.get_running_loop(), asyncio.Queue()
-
-        def deliver(item) -> None:
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, item)
-            except RuntimeError:  # the loop closed: the server is stopping
-                pass
-
-        ticket = Ticket(tokens, settings, deliver)
-        try:
-            ahead = server.scheduler.submit(ticket)
-        except GGUFSpecError as e:
-            return error(503, str(e))
-        headers = {"x-ggufspec-queued": str(ahead)}
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        try:
-            first = await _next(items, request, ticket)
-        except BaseException:
-            ticket.cancel()
-            raise
-        if first is _GONE:
-            return error(499, "the client closed the request")
-        if isinstance(first, BaseException):
-            return error(400 if isinstance(first, GGUFSpecError) else 500, str(first))
-        if not stream:
-            parts, last, item = [first.text], first, first
-            while item is not None:
-                item = await _next(items, request, ticket)
-                if item is _GONE:
-                    return error(499, "the client closed the request")
-                if isinstance(item, BaseException):
-                    return error(500, str(item))
-                if item is not None:
-                    parts.append(item.text)
-                    last = item
-            return JSONResponse(server.answer(chat, "".join(parts), last.finish_reason,
-                                              server.usage(last, len(tokens)), rid), headers=headers)
-
-        async def events():
-            last, item = first, first
-            try:
-                yield server.piece(chat, item.text, None, rid, first=True)
-                while True:
-                    item = await items.get()
-                    if item is None or isinstance(item, BaseException):
-                        break
-                    last = item
-                    if item.text:
-                        yield server.piece(chat, item.text, None, rid)
-                if isinstance(item, BaseException):
-                    yield f"data: {json.dumps({'error': {'message': str(item), 'type': 'server_error'}})}\n\n"
-                else:
-                    yield server.piece(chat, None, last.finish_reason or "length", rid, server.usage(last, len(tokens)))
-                yield "data: [DONE]\n\n"
-            finally:
-                ticket.cancel()  # a no-op when done; a client gone mid-stream frees its sequence
-
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
-
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await complete(request, chat=False)
+        return await complete(server, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(request, chat=True)
+        return await complete(server, request, chat=True)
 
     return app
+
+
+def _error(status: int, message: str):
+    from fastapi.responses import JSONResponse
+
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+async def complete(server: Server, request, chat: bool):
+    """One completion: parsed, queued, answered whole or streamed (server-sent events)."""
+    from fastapi.responses import StreamingResponse
+
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, "the request body is not JSON")
+    try:
+        tokens, settings, stream = server.parse(body, chat)
+    except BadRequest as e:
+        return _error(400, str(e))
+    loop, items = asyncio.get_running_loop(), asyncio.Queue()
+
+    def deliver(item) -> None:
+        try:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+        except RuntimeError:  # the loop closed: the server is stopping
+            pass
+
+    ticket = Ticket(tokens, settings, deliver)
+    try:
+        ahead = server.scheduler.submit(ticket)
+    except GGUFSpecError as e:
+        return _error(503, str(e))
+    headers = {"x-ggufspec-queued": str(ahead)}
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    try:
+        first = await _next(items, request, ticket)  # the prompt evaluated: errors still get their status
+    except BaseException:
+        ticket.cancel()
+        raise
+    if first is _GONE:
+        return _error(499, "the client closed the request")
+    if isinstance(first, BaseException):
+        return _error(400 if isinstance(first, GGUFSpecError) else 500, str(first))
+    if stream:
+        return StreamingResponse(_events(server, chat, first, items, ticket, rid, len(tokens)),
+                                 media_type="text/event-stream", headers=headers)
+    return await _whole(server, chat, first, items, request, ticket, rid, len(tokens), headers)
+
+
+async def _whole(server: Server, chat: bool, first: Chunk, items, request, ticket: Ticket, rid: str, n_prompt: int,
+                 headers: dict):
+    from fastapi.responses import JSONResponse
+
+    parts, last, item = [first.text], first, first
+    while item is not None:
+        item = await _next(items, request, ticket)
+        if item is _GONE:
+            return _error(499, "the client closed the request")
+        if isinstance(item, BaseException):
+            return _error(500, str(item))
+        if item is not None:
+            parts.append(item.text)
+            last = item
+    return JSONResponse(server.answer(chat, "".join(parts), last.finish_reason, server.usage(last, n_prompt), rid),
+                        headers=headers)
+
+
+async def _events(server: Server, chat: bool, first: Chunk, items, ticket: Ticket, rid: str, n_prompt: int):
+    last, item = first, first
+    try:
+        yield server.piece(chat, item.text, None, rid, first=True)
+        while True:
+            item = await items.get()
+            if item is None or isinstance(item, BaseException):
+                break
+            last = item
+            if item.text:
+                yield server.piece(chat, item.text, None, rid)
+        if isinstance(item, BaseException):
+            yield f"data: {json.dumps({'error': {'message': str(item), 'type': 'server_error'}})}\n\n"
+        else:
+            yield server.piece(chat, None, last.finish_reason or "length", rid, server.usage(last, n_prompt))
+        yield "data: [DONE]\n\n"
+    finally:
+        ticket.cancel()  # a no-op when done; a client gone mid-stream frees its sequence
 
 
 _GONE = object()

@@ -1,0 +1,108 @@
+"""Several streams on one target, without llama.cpp: how many rows a batch decodes and in how many ubatches, how
+far auto's streams may draft when they share a batch, and the scheduler's joins, leaves, queue and cancels, on
+numpy targets (each request's text is the one it writes alone)."""
+
+import queue
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fake import FakeTarget
+from ggufspec.costs import Costs
+from ggufspec.drafters import ModelDrafter
+from ggufspec.errors import GGUFSpecError
+from ggufspec.generation import Generation, GenerationSettings
+from ggufspec.serving import Batch, Scheduler, Ticket, batch_budget, groups, trimmed, ubatches
+from ggufspec.verification import Verification
+
+GPU = Costs([0.010 * (1 + 0.01 * i) for i in range(64)], 1)  # a batch of 64 rows costs 1.6 steps
+CPU = Costs([0.070 * (1 + 0.9 * i) for i in range(64)], 16)  # each row costs nearly a step
+
+
+def test_ubatches_follow_llama_cpp_split():
+    assert ubatches([5, 1, 3], unified=True) == [9]
+    assert ubatches([3, 3, 3], unified=False) == [9]  # as many rows each: one ubatch
+    assert ubatches([5, 1, 3], unified=False) == [3, 4, 2]  # one per distinct count
+    assert groups([2, 3, 4, 1], None) == [[0, 1, 2, 3]]
+    assert groups([2, 3, 4, 1], 5) == [[0, 1], [2, 3]]  # exact verification: at most 5 rows a decode
+
+
+def test_auto_drafts_less_as_streams_are_added_and_not_where_rows_cost_a_step():
+    """On a GPU-like table auto keeps drafting with several streams, less far as they are added; where each row
+    costs nearly a step (two CPU cores) a second stream already turns drafting off."""
+    sure = (0.8, 0.0)  # acceptance 0.8, drafting free (prompt lookup)
+    lengths = [batch_budget(GPU, [sure] * n, 16) for n in (1, 2, 4, 8)]
+    assert lengths[0] > 0 and all(a >= b for a, b in zip(lengths, lengths[1:])), lengths
+    assert batch_budget(CPU, [sure] * 2, 16) == 0
+    assert batch_budget(GPU, [(0.02, 0.0)] * 4, 16) == 0  # drafts that are rarely right never pay
+    assert batch_budget(GPU, [(0.8, 0.05)] * 4, 16) == 0  # nor a draft step dearer than the rows it saves
+
+
+def test_unequal_drafts_are_cut_to_a_common_length_where_that_pays():
+    """With a KV stream per sequence, drafts of unequal length cost a ubatch each: auto's are cut where the
+    batch then returns more tokens a second; a fixed mode's draft stays as drafted."""
+    cut = trimmed(CPU, [4, 0, 0], [0.9, 0.9, 0.9], [True, True, True], None, unified=False)
+    assert cut == [0, 0, 0]
+    kept = trimmed(GPU, [4, 4, 4], [0.9, 0.9, 0.9], [True] * 3, None, unified=False)
+    assert kept == [4, 4, 4]
+    fixed = trimmed(CPU, [4, 0, 0], [0.9, 0.9, 0.9], [False, True, True], None, unified=False)
+    assert fixed[0] == 4
+
+
+def generation(target, draft, prompt, settings):
+    model = SimpleNamespace(token_to_piece=lambda t: bytes([97 + t % 26]), eog_mask=np.zeros(target.n_vocab, bool))
+    drafter = ModelDrafter(draft) if settings.mode == "draft" else None
+    return Generation(settings, prompt, model, target, drafter, Verification(), 4 if drafter else 0)
+
+
+def alone(settings, prompt):
+    target = FakeTarget(seed=3)
+    g = generation(target, target.like(1, 0.3), prompt, settings)
+    return [t for chunk in g.chunks() for t in chunk.tokens]
+
+
+REQUESTS = [([1, 2, 3], dict(mode="draft")), ([4, 5], dict(mode="target")), ([6, 7, 8, 9], dict(mode="draft")),
+            ([2, 2], dict(mode="draft", temperature=0.9, seed=5)), ([9, 1], dict(mode="target", temperature=0.9, seed=5))]
+
+
+def test_requests_join_and_leave_and_each_writes_its_own_text():
+    """Five requests through three sequences of numpy targets: each writes what it writes alone, greedy and seeded."""
+    targets = [FakeTarget(seed=3) for _ in range(3)]
+    drafts = [t.like(1, 0.3) for t in targets]
+
+    def build(prompt, settings, slot):
+        return generation(targets[slot], drafts[slot], prompt, settings)
+
+    def decode_together(parts):
+        return [target.decode(tokens, logits=logits) for target, tokens, logits in parts]
+
+    scheduler = Scheduler(build, lambda slot: targets[slot].truncate(0), Batch(decode_together, None), 3).start()
+    try:
+        queues = []
+        for prompt, kw in REQUESTS:
+            q = queue.SimpleQueue()
+            scheduler.submit(Ticket(prompt, GenerationSettings(max_tokens=30, **kw), q.put))
+            queues.append(q)
+        for q, (prompt, kw) in zip(queues, REQUESTS):
+            tokens = []
+            while (item := q.get(timeout=30)) is not None:
+                tokens += item.tokens
+            assert tokens == alone(GenerationSettings(max_tokens=30, **kw), prompt), kw
+    finally:
+        scheduler.stop()
+    assert scheduler.totals.requests == 5 and scheduler.totals.drafted > 0
+    assert all(t.n_past == 0 for t in targets)
+
+
+def test_a_full_queue_says_so_and_a_cancelled_request_never_runs():
+    built = []
+    scheduler = Scheduler(lambda *a: built.append(a), lambda slot: None, Batch(lambda parts: [], None), 1, max_queue=1)
+    ticket = Ticket([1], GenerationSettings(), lambda item: None)
+    assert scheduler.submit(ticket) == 0
+    with pytest.raises(GGUFSpecError, match="busy.*1 waiting"):
+        scheduler.submit(Ticket([2], GenerationSettings(), lambda item: None))
+    ticket.cancel()
+    scheduler.start()
+    scheduler.stop()
+    assert built == [] and scheduler.totals.cancelled == 1

@@ -1,0 +1,255 @@
+"""Several requests at once on one target (llama.sequences, serving, ggufspec serve): each request's greedy text is
+what `generate` writes for it alone, a seeded one the target's own sampled text, whatever else shares the batch;
+drafts really made and batches really shared; a client that goes away frees its sequence; bad requests get a 400
+and one message; the server listens on 127.0.0.1 unless told otherwise and stops cleanly on Ctrl-C."""
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import psutil
+import pytest
+from clirun import INTERRUPTED, free_port
+
+from ggufspec import Engine
+from ggufspec.errors import ContextFullError
+from ggufspec.generation import GenerationSettings
+from ggufspec.llama.backend import Context, Model
+from ggufspec.llama.sequences import decode_together
+from ggufspec.serving import Batch, Scheduler, Ticket
+
+pytest.importorskip("fastapi", reason="the server's extras: pip install 'ggufspec[server]'")
+
+PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "zzz zzz zzz zzz", "Once upon a time", "12345 67890"]
+# (mode, sampling) per request: every mode a server runs, greedy and seeded side by side in one batch
+REQUESTS = [("target", {}), ("draft", {}), ("lookup", {}), ("auto", {}), ("draft", {"temperature": 0.8, "seed": 7}),
+            ("auto", {"temperature": 0.8, "seed": 11})]
+
+
+def test_sequences_decode_together_as_each_alone(tiny):
+    """Rows of three sequences decoded in one batch are bit-identical to each decoded in a context of its own, and a
+    batch that cannot fit leaves every sequence as it was."""
+    model = Model(tiny["target"])
+    try:
+        alone, several = Context(model, n_ctx=256), Context(model, n_ctx=3 * 256, n_seq=3)
+        prompts = [model.tokenize(p) for p in PROMPTS[:3]]
+        expected = []
+        for p in prompts:
+            alone.start(p)
+            expected.append(alone.decode(p + [5, 6, 7], logits="all").copy())
+        rows = decode_together(several, [(s, p, "all") for s, p in zip(several.sequences, prompts)])
+        rows = [np.concatenate([r, s.decode([5, 6, 7], logits="all")]) for r, s in zip(rows, several.sequences)]
+        for got, want in zip(rows, expected):
+            assert np.array_equal(got, want)
+        before = [list(s.tokens) for s in several.sequences]
+        with pytest.raises(ContextFullError):
+            decode_together(several, [(several.sequences[0], [1], "last"), (several.sequences[1], [1] * 300, "none")])
+        assert [s.tokens for s in several.sequences] == before
+        several.sequences[2].truncate(2)
+        assert several.sequences[2].n_past == 2 and several.sequences[0].n_past == len(prompts[0]) + 3
+        several.close(), alone.close()
+    finally:
+        model.close()
+
+
+@pytest.fixture(scope="module")
+def references(tiny):
+    """What `generate` writes for each request alone: the target's text (greedy), its sampled text (seeded)."""
+    with Engine(tiny["target"], tiny["close"], n_ctx=512) as e:
+        return [e.generate(p, max_tokens=40, ignore_eos=True, mode="target", **kw)
+                for p, (_, kw) in zip(PROMPTS, REQUESTS)]
+
+
+def run_together(engine, n_slots, requests):
+    """Every request submitted at once to a Scheduler over the engine's sequences; (tokens, last chunk) of each."""
+    scheduler = Scheduler(engine.generation, engine.release, Batch(engine.decode_together, engine.costs), n_slots).start()
+    try:
+        queues = []
+        for prompt, mode, kw in requests:
+            q = queue.SimpleQueue()
+            scheduler.submit(Ticket(engine.tokenize_prompt(prompt),
+                                    GenerationSettings(max_tokens=40, ignore_eos=True, mode=mode, **kw), q.put))
+            queues.append(q)
+        out = []
+        for q in queues:
+            tokens, last = [], None
+            while (item := q.get(timeout=120)) is not None:
+                assert not isinstance(item, BaseException), item
+                tokens += item.tokens
+                last = item
+            out.append((tokens, last))
+        return out, scheduler.totals
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.parametrize("kv_unified", [False, True], ids=["kv-per-sequence", "kv-unified"])
+def test_every_request_writes_its_own_text_in_a_shared_batch(tiny, references, kv_unified):
+    """Six requests of every mode, greedy and seeded, through four sequences: each writes what it writes alone
+    (one KV stream per sequence: by construction; unified: re-checked near-ties, on this fixture the same), drafts
+    were made and kept in shared batches, and fewer target batches ran than rounds."""
+    with Engine(tiny["target"], tiny["close"], n_ctx=4 * 256, n_seq=4, kv_unified=kv_unified) as e:
+        results, totals = run_together(e, 4, [(p, mode, kw) for p, (mode, kw) in zip(PROMPTS, REQUESTS)])
+        for (tokens, last), want, (mode, _) in zip(results, references, REQUESTS):
+            assert tokens == want.tokens, mode
+            if mode in ("draft", "lookup"):
+                assert last.stats.n_drafted > 0 and last.stats.n_accepted > 0, mode
+        assert totals.requests == 6 and totals.errors == 0
+        assert totals.steps < sum(last.stats.rounds for _, last in results) - 6
+        assert all(not s.tokens for s in e.target_ctx.sequences)  # every sequence freed at the end
+
+
+def test_heads_and_recurrent_targets_refuse_several_sequences_in_one_line(tiny, tmp_path):
+    from tiny import write_tiny_mamba2
+
+    mamba = write_tiny_mamba2(tmp_path / "mamba.gguf")
+    with pytest.raises(Exception, match="one sequence at a time.*-np 1"):
+        Engine(mamba, n_seq=2, measure=False)
+
+
+# -- the HTTP server ---------------------------------------------------------------------------------------------
+
+
+def post(port, path, body, timeout=60):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def get(port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+        return r.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ggufspec", "serve", "-m", str(tiny["target"]), "-md",
+                             str(tiny["close"]), "-np", "3", "-c", "6144", "--port", str(port), "-ngl", "0", "-ngld", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            get(port, "/health")
+            break
+        except OSError:
+            time.sleep(0.3)
+    if proc.poll() is not None:
+        raise AssertionError(proc.stderr.read())
+    yield proc, port
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_clients_at_once_each_get_generates_text(server, references):
+    """Six clients at once (three sequences, so three wait in the queue): each answer is its request's own text,
+    with usage counting its tokens and drafts."""
+    _, port = server
+    answers = [None] * len(PROMPTS)
+
+    def ask(i):
+        mode, kw = REQUESTS[i]
+        answers[i] = post(port, "/v1/completions", {"prompt": PROMPTS[i], "max_tokens": 40, "ignore_eos": True,
+                                                    "mode": mode, "temperature": 0, **kw})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for (status, body, _), want, (mode, _) in zip(answers, references, REQUESTS):
+        assert status == 200, body
+        assert body["usage"]["completion_tokens"] == 40 and body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["mode"] == mode
+        assert body["choices"][0]["text"] == want.text, mode
+    metrics = get(port, "/metrics")
+    assert "ggufspec_requests_processing 0" in metrics and "ggufspec_draft_tokens_accepted_total 0" not in metrics
+
+
+def test_chat_streams_and_whole_answers_agree(server):
+    """A streamed chat answer (server-sent events, the role first, usage in the last event) is the whole answer's text."""
+    _, port = server
+    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 24, "ignore_eos": True}
+    status, whole, _ = post(port, "/v1/chat/completions", body)
+    assert status == 200 and whole["object"] == "chat.completion"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps({**body, "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 24 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert json.loads(get(port, "/v1/models"))["data"][0]["id"] == "target"
+
+
+def test_bad_requests_get_a_400_with_one_message_and_the_server_goes_on(server):
+    _, port = server
+    cases = [({"prompt": "hi", "max_tokens": 5000}, "lower max_tokens to"),
+             ({"prompt": "hi", "temperature": -1}, "--temp"),
+             ({"prompt": "hi", "mode": "mtp"}, "MTP"),
+             ({"prompt": "hi", "n": 2}, "n must be 1"),
+             ({"prompt": {"x": 1}}, "prompt must be a string"),
+             ({"prompt": "hi", "stream": "yes"}, "stream must be"),
+             (b"not json", "not JSON")]
+    for body, needle in cases:
+        status, answer, _ = post(port, "/v1/completions", body)
+        assert status == 400, (body, answer)
+        message = answer["error"]["message"]
+        assert needle in message and "\n" not in message and "Traceback" not in message, message
+    status, answer, _ = post(port, "/v1/chat/completions", {"prompt": "hi"})
+    assert status == 400 and "messages" in answer["error"]["message"]
+    status, answer, _ = post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+    assert status == 200 and answer["usage"]["completion_tokens"] >= 1
+
+
+def test_a_client_that_goes_away_frees_its_sequence_at_once(server):
+    """A streaming client that closes its connection after the first event: its request is cancelled long before
+    its 2,000 tokens were written, and the sequence serves the next request."""
+    _, port = server
+    before = metric(port, "requests_cancelled_total")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        body = json.dumps({"prompt": "hello", "max_tokens": 2000, "ignore_eos": True, "stream": True,
+                           "mode": "target"}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        seen = b""
+        while b"data: " not in seen:
+            seen += sock.recv(4096)
+            assert seen, "the server closed the stream"
+    deadline = time.monotonic() + 30
+    while metric(port, "requests_cancelled_total") == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(port, "requests_cancelled_total") == before + 1
+    assert metric(port, "requests_processing") == 0
+    assert metric(port, "tokens_predicted_total") < 1900 + metric(port, "requests_total") * 60
+    status, answer, _ = post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+    assert status == 200
+
+
+def metric(port, name):
+    return float(next(line.split()[1] for line in get(port, "/metrics").splitlines() if line.startswith(f"ggufspec_{name} ")))
+
+
+def test_listens_on_127_0_0_1_and_ctrl_c_ends_it_cleanly(server):
+    proc, port = server
+    addresses = {c.laddr for c in psutil.Process(proc.pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    assert addresses == {("127.0.0.1", port)}, addresses
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) in INTERRUPTED  # as every command ends on Ctrl-C
+    err = proc.stderr.read()
+    assert "Traceback" not in err and "on http://127.0.0.1:" in err, err
