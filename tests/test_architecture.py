@@ -37,7 +37,7 @@ def layer(module: str) -> int:
     top = module.split(".")[0]
     if top in CORE:
         return 0
-    return {"llama": 1, "engine": 2, "models": 3, "bench": 4, "llama_draft": 4}.get(top, 5)  # cli, llama_server, ...
+    return {"llama": 1, "engine": 2, "models": 3, "bench": 4, "llama_draft": 4, "server": 4}.get(top, 5)  # cli, llama_server, ...
 
 
 def imports(path: Path) -> set[str]:

@@ -143,12 +143,15 @@ def read_prompt_file(path: str) -> bytes:
 @click.option("--compare-llama-cpp", "llama_cpp_bin", type=click.Path(file_okay=False), default=None,
               help="Folder with llama.cpp's llama-bench and llama-speculative-simple: add their rows on the same work.")
 @click.option("--limit", type=int, default=2, show_default=True, help="Prompts per suite (0: all 4).")
+@click.option("--concurrency", default=None, metavar="N[,N...]",
+              help="Serve the prompts to N clients at once (ggufspec serve, per mode; with --compare-llama-cpp also "
+                   "llama-server -np N with and without the draft): aggregate and per-request tok/s, first token.")
 @click.option("--reuse-prompt", is_flag=True,
               help="Keep what the KV cache holds of a prompt between runs (whole -b batches; output unchanged): "
                    "warm prefill. Default: every run evaluates its whole prompt.")
 @user_errors
 def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, per_prompt, save_outputs,
-          as_json, as_csv, as_markdown, wide, plot, llama_cpp_bin, limit, reuse_prompt, **options):
+          as_json, as_csv, as_markdown, wide, plot, llama_cpp_bin, limit, concurrency, reuse_prompt, **options):
     """Benchmark target-only against speculative decoding (and the draft alone) on the same prompts.
 
     With no PAIR or -m it runs the default pair of models.toml. Greedy by default, -n tokens per
@@ -168,6 +171,8 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
                                int_list(draft_max, "--draft-max"), given.pop("max_tokens", 64),
                                repeats, warmup, not natural_stop, given, reuse_prompt)
     prompts = load_prompts(prompts_file, suites, limit)
+    if concurrency is not None:
+        return _bench_concurrency(load, prompts, settings, int_list(concurrency, "--concurrency"), llama_cpp_bin, as_json)
     if plot:
         from ..bench.report import plot_library
 
@@ -197,6 +202,21 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         sys.exit(1)
     if result.interrupted:
         sys.exit(stopped_by(signals)[1])
+
+
+def _bench_concurrency(load, prompts, settings, levels, llama_cpp_bin, as_json) -> None:
+    """bench --concurrency: ggufspec's server (and llama-server) under N clients at once; one table or --json."""
+    from pathlib import Path
+
+    from ..bench.concurrency import concurrency_bench, concurrency_table
+    from ..bench.reference import _program
+
+    if llama_cpp_bin:
+        _program(Path(llama_cpp_bin), "llama-server")  # before anything loads
+    with terminate_as_interrupt():
+        result = concurrency_bench(load, prompts, settings.modes, levels, settings.max_tokens, llama_cpp_bin,
+                                   note=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(result) if as_json else concurrency_table(result))
 
 
 def _show_bench(result, by: str, *, as_json: bool, as_csv: bool, as_markdown: bool, wide: bool) -> None:

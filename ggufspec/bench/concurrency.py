@@ -1,0 +1,277 @@
+"""`ggufspec bench --concurrency 1,2,4,8`: the same prompts sent by N clients at once to ggufspec's server (with
+speculation off, each fixed mode and auto, by the request's `mode`) and, with --compare-llama-cpp, to llama.cpp's
+own llama-server -np N with and without its draft; aggregate tok/s, per-request tok/s, time to first token and
+each request's identity with the target's own text, in one table.
+
+A run at concurrency N sends max(N, prompts) requests, the prompts in turn, N at a time: each client sends its
+next request when its last one is answered. Every request streams (time to first token), greedy, -n tokens
+(ignore_eos), so every configuration writes the same number of tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import GGUFSpecError
+from .reference import _env, _program
+
+SERVER_MODES = ("target", "lookup", "draft", "auto")  # modes a ggufspec server runs per request (heads: one stream)
+STARTUP_SECONDS = 300
+
+
+@dataclass
+class Answer:
+    """One request's result, as its client saw it."""
+
+    prompt: int
+    text: str
+    tokens: int
+    sent: float
+    first: float
+    done: float
+    drafted: int = 0
+    accepted: int = 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def body_for(prompt, max_tokens: int, extra: dict) -> tuple[str, dict]:
+    """(path, JSON body) of a streamed, greedy request of max_tokens tokens for a bench Prompt."""
+    body = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+    if prompt.messages is not None:
+        return "/v1/chat/completions", {**body, "messages": list(prompt.messages)}
+    return "/v1/completions", {**body, "prompt": prompt.text}
+
+
+def ask(url: str, index: int, path: str, body: dict, timeout: float) -> Answer:
+    """One streamed request; its text, its completion tokens (usage), and when its first and last events came."""
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    sent, first, parts, usage, timings = time.perf_counter(), None, [], {}, {}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise GGUFSpecError(f"{url}: {event['error'].get('message', event['error'])}")
+                choice = (event.get("choices") or [{}])[0]
+                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                if piece and first is None:
+                    first = time.perf_counter()
+                parts.append(piece)
+                usage = event.get("usage") or usage
+                timings = event.get("timings") or timings  # llama-server's, with its draft's counts
+    except OSError as e:
+        raise GGUFSpecError(f"{url}{path}: the request failed ({e})") from None
+    done = time.perf_counter()
+    drafted = usage.get("drafted_tokens", timings.get("draft_n", 0))
+    accepted = usage.get("accepted_tokens", timings.get("draft_n_accepted", 0))
+    return Answer(index, "".join(parts), int(usage.get("completion_tokens", 0)), sent, first or done, done,
+                  int(drafted or 0), int(accepted or 0))
+
+
+def run_clients(url: str, prompts: list, concurrency: int, max_tokens: int, extra: dict,
+                timeout: float = 600) -> tuple[list[Answer], float]:
+    """max(concurrency, prompts) requests by `concurrency` clients at once; (answers in prompt order, wall seconds)."""
+    n_requests = max(concurrency, len(prompts))
+    jobs = list(range(n_requests))
+    answers: list[Answer | None] = [None] * n_requests
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not jobs or errors:
+                    return
+                i = jobs.pop(0)
+            try:
+                answers[i] = ask(url, i % len(prompts), *body_for(prompts[i % len(prompts)], max_tokens, extra), timeout)
+            except BaseException as e:  # noqa: BLE001 (the run stops; the first error is said)
+                with lock:
+                    errors.append(e)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0] if isinstance(errors[0], GGUFSpecError) else GGUFSpecError(f"{url}: {errors[0]}")
+    return answers, time.perf_counter() - start
+
+
+def row(label: str, concurrency: int, answers: list[Answer], seconds: float, reference: dict[int, str]) -> dict:
+    """A table row: aggregate and per-request speed, time to first token, acceptance, identity."""
+    tokens = sum(a.tokens for a in answers)
+    per_request = [(a.tokens - 1) / (a.done - a.first) for a in answers if a.tokens > 1 and a.done > a.first]
+    drafted, accepted = sum(a.drafted for a in answers), sum(a.accepted for a in answers)
+    same = sum(reference.get(a.prompt) == a.text for a in answers) if reference else None
+    return {"config": label, "concurrency": concurrency, "requests": len(answers), "tokens": tokens,
+            "seconds": round(seconds, 3), "aggregate_tokens_per_second": round(tokens / seconds, 3),
+            "request_tokens_per_second": round(statistics.median(per_request), 3) if per_request else None,
+            "first_token_seconds": round(statistics.median(a.first - a.sent for a in answers), 3),
+            "drafted": drafted, "accepted": accepted, "identical": same}
+
+
+class LlamaServer:
+    """llama.cpp's llama-server on 127.0.0.1, for as long as the `with` block runs."""
+
+    def __init__(self, bin_dir: Path, args: list[str]):
+        self.bin_dir, self.port = Path(bin_dir), free_port()
+        self.cmd = [str(_program(self.bin_dir, "llama-server")), *args, "--host", "127.0.0.1", "--port",
+                    str(self.port), "--no-webui"]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "LlamaServer":
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env=_env(self.bin_dir), start_new_session=True)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+                raise GGUFSpecError(f"llama-server exited ({self.proc.returncode}): {(err or ['nothing said'])[-1][:200]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise GGUFSpecError(f"llama-server did not answer /health within {STARTUP_SECONDS} s")
+
+    def __exit__(self, *exc) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc.stderr.close()
+
+
+def llama_server_rows(bin_dir: Path, target: Path, draft: Path | None, prompts: list, levels: tuple[int, ...],
+                      max_tokens: int, n_ctx_slot: int, threads: int, ngl: int, reference: dict[int, str],
+                      note) -> list[dict]:
+    """llama-server -np N, without a draft and (given one of the target's vocabulary) with it, at each level."""
+    configs = [("llama-server", [])]
+    if draft is not None:
+        configs.append(("llama-server + draft", ["-md", str(draft), "--spec-type", "draft-simple"]))
+    rows = []
+    for label, extra in configs:
+        for n in levels:
+            layers = str(ngl) if ngl >= 0 else "all"  # the library's -1 is every layer; llama.cpp's programs say all
+            args = ["-m", str(target), "-np", str(n), "-c", str(n * n_ctx_slot), "-t", str(threads), "-ngl", layers,
+                    *(["-ngld", layers] if extra else []), *extra]
+            try:
+                with LlamaServer(bin_dir, args) as server:
+                    answers, seconds = run_clients(server.url, prompts, n, max_tokens, {"cache_prompt": False})
+            except GGUFSpecError as e:
+                note(f"{label} at concurrency {n}: {e}; its row is left out")
+                continue
+            rows.append(row(label, n, answers, seconds, reference))
+    return rows
+
+
+def slot_tokens(prompts: list, max_tokens: int) -> int:
+    """A sequence's share of the context that holds any of these prompts and its answer (a token is rarely under
+    two characters of text or a chat template's), in whole 256-token blocks."""
+    longest = max(len(p.text or json.dumps(list(p.messages))) for p in prompts)
+    need = longest // 2 + max_tokens + 128
+    return -(-need // 256) * 256
+
+
+def concurrency_bench(load, prompts: list, modes: tuple[str, ...], levels: tuple[int, ...], max_tokens: int,
+                      llama_cpp_bin: str | None = None, note=lambda line: None) -> dict:
+    """Every mode at every concurrency on one ggufspec server (one Engine of max(levels) sequences), then llama.cpp's
+    llama-server; {"rows": [...], "meta": {...}}. Each row's vs_off: its aggregate tok/s over ggufspec's with
+    speculation off at the same concurrency; identical: requests whose text is the target's own (greedy, alone)."""
+    from dataclasses import replace
+
+    import uvicorn
+
+    from ..generation import GenerationSettings
+    from ..llama.backend import machine
+    from ..models.resolve import open_engine
+    from ..server import Server, create_app
+
+    levels = tuple(sorted(set(levels)))
+    modes = ("target",) + tuple(m for m in modes if m in SERVER_MODES and m != "target")
+    slot = slot_tokens(prompts, max_tokens)
+    engine, _ = open_engine(replace(load, n_seq=max(levels), n_ctx=max(levels) * slot, use_default=True), modes=modes)
+    rows, reference = [], {}
+    with engine:
+        modes = tuple(m for m in modes if m not in ("draft",) or engine.draft_model is not None)
+        server = Server(engine, "bench", GenerationSettings(), max_queue=4 * max(levels)).start()
+        port = free_port()
+        runner = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            while not runner.started and thread.is_alive():
+                time.sleep(0.05)
+            for mode in modes:  # warm-up: the first request of a mode pays for what later ones find ready
+                run_clients(url, prompts[:1], 1, 8, {"mode": mode})
+            for n in levels:
+                for mode in modes:
+                    answers, seconds = run_clients(url, prompts, n, max_tokens, {"mode": mode})
+                    if not reference:
+                        reference = {a.prompt: a.text for a in answers}
+                    rows.append(row(f"ggufspec {mode}", n, answers, seconds, reference))
+                    note(f"{rows[-1]['config']} at concurrency {n}: {rows[-1]['aggregate_tokens_per_second']:.1f} tok/s")
+        finally:
+            runner.should_exit = True
+            thread.join(timeout=30)
+            server.stop()
+        target, draft = engine.target_model, engine.draft_model
+        paths = (target.path, draft.path if draft is not None and engine.bridge is None else None)
+        ngl, threads = target.n_gpu_layers, engine.target_ctx.n_threads
+    if llama_cpp_bin:
+        rows += llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, max_tokens, slot, threads, ngl,
+                                  reference, note)
+    off = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in rows if r["config"] == "ggufspec target"}
+    for r in rows:
+        r["vs_off"] = round(r["aggregate_tokens_per_second"] / off[r["concurrency"]], 3) if off.get(r["concurrency"]) else None
+    return {"rows": rows, "meta": {"machine": machine()["summary"]["cpu"], "threads": threads, "levels": list(levels),
+                                   "max_tokens": max_tokens, "prompts": len(prompts), "target": str(paths[0]),
+                                   "draft": str(paths[1]) if paths[1] else None}}
+
+
+def concurrency_table(result: dict) -> str:
+    """The rows as a table, with the machine they ran on."""
+    from tabulate import tabulate
+
+    def number(value, digits=1):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    table = [[r["config"], r["concurrency"], r["requests"], number(r["aggregate_tokens_per_second"]),
+              number(r["vs_off"], 2) + "x" if r["vs_off"] is not None else "-", number(r["request_tokens_per_second"]),
+              number(r["first_token_seconds"], 2),
+              f"{r['accepted'] / r['drafted']:.0%} of {r['drafted']}" if r["drafted"] else "-",
+              "-" if r["identical"] is None else f"{r['identical']}/{r['requests']}"] for r in result["rows"]]
+    head = ["config", "N", "requests", "tok/s", "vs off", "tok/s per request", "first token s", "accepted",
+            "identical"]
+    meta = result["meta"]
+    return (tabulate(table, head, tablefmt="github") + f"\n\n{meta['machine']}, {meta['threads']} threads; "
+            f"{meta['max_tokens']} tokens per request, greedy; identical: the target's own text, as ggufspec "
+            "writes it alone")
