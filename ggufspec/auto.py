@@ -237,7 +237,8 @@ class AutoDrafter(Drafter):
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
         self.watch.observe(r, 1 / self.step_cost)
         rows = r.n_drafted + 1  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
-        if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled:
+        # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
+        if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled and not r.shared:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
             if rows > 1:
                 self._learn_extra_rows(r.target_seconds, rows)

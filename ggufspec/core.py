@@ -100,6 +100,7 @@ class Round:
     ties_settled: int = 0
     tie_gaps: list[float] = field(default_factory=list)
     seconds: float = 0.0  # the whole round: planning, drafting, verifying, the drafter's bookkeeping
+    shared: bool = False  # verified from a batch decoded with other sequences (its target_seconds: that batch's)
 
     @property
     def source(self) -> str:

@@ -249,10 +249,11 @@ class Engine(Closing):
         """A generation on sequence `slot` of an Engine of several (n_seq), for `serving.Batch` to step: checked
         settings and prompt tokens, its own drafter on the draft context's sequence of the same number."""
         self._check_open()
-        if not 0 <= slot < len(self.target_ctx.sequences):
-            raise GGUFSpecError(f"sequence {slot} does not exist: this Engine holds {len(self.target_ctx.sequences)} "
-                                "(n_seq)")
-        return self._build(settings.validate(), [int(t) for t in self._check_prompt(prompt_tokens)], slot)
+        if not 0 <= slot < self.n_seq:
+            raise GGUFSpecError(f"sequence {slot} does not exist: this Engine holds {self.n_seq} (n_seq)")
+        one = not self.target_ctx.sequences  # an Engine of one sequence: its own contexts (heads follow them)
+        return self._build(settings.validate(), [int(t) for t in self._check_prompt(prompt_tokens)],
+                           None if one else slot)
 
     def release(self, slot: int) -> None:
         """Empty sequence `slot`'s caches (its generation ended), so the others' batches do not attend past it."""

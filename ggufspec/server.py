@@ -26,6 +26,7 @@ FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "te
           "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "mode": "mode",
           "draft_max": "draft_max", "ignore_eos": "ignore_eos", "stop": "stop"}
 POLL_SECONDS = 0.2  # how often a waiting request looks whether its client went away
+GRACE_SECONDS = 5  # after Ctrl-C, how long requests in flight may go on before the server stops
 
 
 class BadRequest(Exception):
@@ -37,7 +38,8 @@ class Server:
 
     def __init__(self, engine, name: str, defaults: GenerationSettings, *, max_queue: int = 64):
         self.engine, self.name, self.defaults = engine, name, defaults
-        self.slot_ctx = engine.target_ctx.sequences[0].n_ctx if engine.target_ctx.sequences else engine.n_ctx
+        self.slot_ctx = engine.n_ctx  # what one request may use: the context's share of each sequence
+        self.total_ctx = engine.target_ctx.n_ctx_total
         batch = Batch(engine.decode_together, engine.costs, unified=engine.target_ctx.kv_unified)
         self.scheduler = Scheduler(engine.generation, engine.release, batch, engine.n_seq, max_queue)
         self.created = int(time.time())
@@ -77,10 +79,10 @@ class Server:
         room = self.slot_ctx - len(tokens)
         if room < 1:
             raise BadRequest(f"the prompt is {len(tokens)} tokens; a request may use {self.slot_ctx} (the context "
-                             f"-c {self.engine.n_ctx} shared by -np {self.engine.n_seq}): shorten it")
+                             f"-c {self.total_ctx} shared by -np {self.engine.n_seq}): shorten it")
         if given and settings.max_tokens > room:
             raise BadRequest(f"the prompt ({len(tokens)} tokens) and max_tokens ({settings.max_tokens}) do not fit "
-                             f"the {self.slot_ctx} tokens a request may use (-c {self.engine.n_ctx} shared by -np "
+                             f"the {self.slot_ctx} tokens a request may use (-c {self.total_ctx} shared by -np "
                              f"{self.engine.n_seq}); lower max_tokens to {room} or less")
         if settings.max_tokens > room:  # the server's default: as much of it as fits
             settings = replace(settings, max_tokens=room)
@@ -288,7 +290,8 @@ def serve(engine, name: str, defaults: GenerationSettings, *, host: str = "127.0
     import uvicorn
 
     server = Server(engine, name, defaults, max_queue=max_queue).start()
-    config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=GRACE_SECONDS)
     runner = uvicorn.Server(config)
     if ready is not None:
         original = runner.startup
@@ -305,3 +308,35 @@ def serve(engine, name: str, defaults: GenerationSettings, *, host: str = "127.0
         server.stop()
     if not runner.started:
         raise GGUFSpecError(f"could not listen on {host}:{port} (in use? try another --port)")
+
+
+class InThread:
+    """The app on 127.0.0.1 in a thread of this process while a `with` block runs (`bench --concurrency`); `url`."""
+
+    def __init__(self, engine, name: str, defaults: GenerationSettings, *, max_queue: int = 64):
+        import uvicorn
+
+        self.server = Server(engine, name, defaults, max_queue=max_queue)
+        self.runner = uvicorn.Server(uvicorn.Config(create_app(self.server), host="127.0.0.1", port=0,  # any free one
+                                                    log_level="warning"))
+        self.url = ""
+
+    def __enter__(self) -> "InThread":
+        import threading
+
+        self.server.start()
+        self.thread = threading.Thread(target=self.runner.run, name="ggufspec-http", daemon=True)
+        self.thread.start()
+        while not self.runner.started and self.thread.is_alive():
+            time.sleep(0.05)
+        if not self.runner.started:
+            self.server.stop()
+            raise GGUFSpecError("could not listen on 127.0.0.1")
+        self.url = "http://127.0.0.1:%d" % self.runner.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.should_exit = True
+        self.thread.join(timeout=30)
+        self.server.stop()
+

@@ -148,19 +148,22 @@ class Batch:
             if len(members) == 1:
                 alone += members
                 continue
+            start = time.perf_counter()
             try:
                 rows = self.decode_together([(g.ctx, p.inputs, "all") for g, p in members])
             except Exception as e:  # noqa: BLE001 (decode_together left every sequence as it was)
                 out += [(g, e) for g, _ in members]
                 continue
-            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.settings.tie_margin)))
+            seconds = time.perf_counter() - start
+            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.settings.tie_margin), seconds))
                     for (g, p), r in zip(members, rows)]
         return out + [(g, _finish(g, p)) for g, p in alone]
 
 
-def _finish(g: Generation, plan, rows=None, verification: Verification | None = None) -> Chunk | BaseException:
+def _finish(g: Generation, plan, rows=None, verification: Verification | None = None,
+            seconds: float = 0.0) -> Chunk | BaseException:
     try:
-        return g.take(g.steps.finish(plan, rows, verification))
+        return g.take(g.steps.finish(plan, rows, verification, seconds))
     except Exception as e:  # noqa: BLE001
         return e
 

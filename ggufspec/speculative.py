@@ -77,10 +77,12 @@ def plan_round(target: Target, drafter: Drafter | None, history: list[int], draf
 
 
 def verify_round(target: Target, plan: Plan, params: SamplingParams, rng: np.random.Generator, *,
-                 verification: Verification = Verification(), rows: np.ndarray | None = None) -> Round:
+                 verification: Verification = Verification(), rows: np.ndarray | None = None,
+                 decoded_seconds: float = 0.0) -> Round:
     """A round's second half: the target decodes plan.inputs (or has: `rows`, their logits from a batch shared
-    with other sequences, already in its cache), verification keeps a prefix and adds the target's own token,
-    and the cache is rewound past the kept tokens (in `finally`: an exception never leaves rejected ones)."""
+    with other sequences, already in its cache, in decoded_seconds), verification keeps a prefix and adds the
+    target's own token, and the cache is rewound past the kept tokens (in `finally`: an exception never leaves
+    rejected ones)."""
     n_past, draft_tokens = plan.n_past, plan.draft_tokens
     t0, n_keep, gaps = time.perf_counter(), n_past, []
     judged = target if rows is None else Decoded(target, plan.inputs, rows)
@@ -96,8 +98,9 @@ def verify_round(target: Target, plan: Plan, params: SamplingParams, rng: np.ran
     finally:
         target.truncate(n_keep)
     return Round(tokens=draft_tokens[:n_accepted] + [next_token], n_past=n_past, n_drafted=len(draft_tokens),
-                 n_accepted=n_accepted, draft_seconds=plan.draft.seconds, target_seconds=time.perf_counter() - t0,
-                 draft=plan.draft, ties_settled=len(gaps), tie_gaps=gaps)
+                 n_accepted=n_accepted, draft_seconds=plan.draft.seconds,
+                 target_seconds=decoded_seconds + time.perf_counter() - t0, draft=plan.draft, ties_settled=len(gaps),
+                 tie_gaps=gaps, shared=rows is not None)
 
 
 class Decoded:
@@ -211,10 +214,12 @@ class Steps:
         return plan_round(self.target, self.drafter, self.history, draft_max, self.params, self.rng,
                           draft_min=self.draft_min, noise=self.noise)
 
-    def finish(self, plan: Plan, rows: np.ndarray | None = None, verification: Verification | None = None) -> Round:
-        """Verify a planned round (rows: decoded already, with other sequences, under `verification`)."""
+    def finish(self, plan: Plan, rows: np.ndarray | None = None, verification: Verification | None = None,
+               decoded_seconds: float = 0.0) -> Round:
+        """Verify a planned round (rows: decoded already with other sequences, in decoded_seconds, judged under
+        `verification`)."""
         r = verify_round(self.target, plan, self.params, self.rng, verification=verification or self.verification,
-                         rows=rows)
+                         rows=rows, decoded_seconds=decoded_seconds)
         if self.drafter is not None:
             self.drafter.observe(r)
         r.seconds = time.perf_counter() - self._start

@@ -100,6 +100,21 @@ def test_greedy_and_seeded_identity_on_each_placement(gpu, tiny, ngl, ngld):
         assert drafted > 0
 
 
+def test_several_requests_at_once_write_their_own_text_on_the_device(gpu, tiny):
+    """ggufspec serve's batches with the target and draft on the device: each request, greedy or seeded, writes what
+    it writes alone on the same placement (rows of a shared batch judged with near-ties decoded again alone)."""
+    from test_serve import PROMPTS, REQUESTS, run_together
+
+    with Engine(tiny["target"], tiny["close"], n_ctx=512, n_gpu_layers=-1, draft_n_gpu_layers=-1) as e:
+        want = [e.generate(p, max_tokens=40, ignore_eos=True, mode="target", **kw).tokens
+                for p, (_, kw) in zip(PROMPTS, REQUESTS)]
+    with Engine(tiny["target"], tiny["close"], n_ctx=4 * 256, n_seq=4, n_gpu_layers=-1, draft_n_gpu_layers=-1) as e:
+        assert on_device(e.weights()["target"], gpu) > 0
+        results, totals = run_together(e, 4, [(p, mode, kw) for p, (mode, kw) in zip(PROMPTS, REQUESTS)])
+    assert [tokens for tokens, _ in results] == want
+    assert totals.drafted > 0
+
+
 @pytest.mark.parametrize("ngl", [-1, 2])
 def test_mtp_greedy_and_seeded_identity_on_the_device(gpu, tmp_path_factory, ngl):
     """The target's MTP layers with the trunk on the device (all of it, and a split): the head's context follows

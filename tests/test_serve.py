@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 from clirun import INTERRUPTED, free_port
+from conftest import real_model
 
 from ggufspec import Engine
 from ggufspec.errors import ContextFullError
@@ -26,8 +27,6 @@ from ggufspec.generation import GenerationSettings
 from ggufspec.llama.backend import Context, Model
 from ggufspec.llama.sequences import decode_together
 from ggufspec.serving import Batch, Scheduler, Ticket
-
-pytest.importorskip("fastapi", reason="the server's extras: pip install 'ggufspec[server]'")
 
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "zzz zzz zzz zzz", "Once upon a time", "12345 67890"]
 # (mode, sampling) per request: every mode a server runs, greedy and seeded side by side in one batch
@@ -69,15 +68,16 @@ def references(tiny):
                 for p, (_, kw) in zip(PROMPTS, REQUESTS)]
 
 
-def run_together(engine, n_slots, requests):
+def run_together(engine, n_slots, requests, max_tokens=40):
     """Every request submitted at once to a Scheduler over the engine's sequences; (tokens, last chunk) of each."""
-    scheduler = Scheduler(engine.generation, engine.release, Batch(engine.decode_together, engine.costs), n_slots).start()
+    scheduler = Scheduler(engine.generation, engine.release, Batch(engine.decode_together, engine.costs), n_slots,
+                          max_queue=len(requests)).start()
     try:
         queues = []
         for prompt, mode, kw in requests:
             q = queue.SimpleQueue()
             scheduler.submit(Ticket(engine.tokenize_prompt(prompt),
-                                    GenerationSettings(max_tokens=40, ignore_eos=True, mode=mode, **kw), q.put))
+                                    GenerationSettings(max_tokens=max_tokens, ignore_eos=True, mode=mode, **kw), q.put))
             queues.append(q)
         out = []
         for q in queues:
@@ -106,6 +106,42 @@ def test_every_request_writes_its_own_text_in_a_shared_batch(tiny, references, k
         assert totals.requests == 6 and totals.errors == 0
         assert totals.steps < sum(last.stats.rounds for _, last in results) - 6
         assert all(not s.tokens for s in e.target_ctx.sequences)  # every sequence freed at the end
+
+
+def test_an_engine_of_one_sequence_serves_its_requests_in_turn(tiny, references):
+    """-np 1: the Engine's own context (where the heads follow), requests one after another, each its own text."""
+    with Engine(tiny["target"], tiny["close"], n_ctx=256, n_seq=1) as e:
+        results, totals = run_together(e, 1, [(p, mode, kw) for p, (mode, kw) in zip(PROMPTS[:3], REQUESTS[:3])])
+        assert [tokens for tokens, _ in results] == [r.tokens for r in references[:3]]
+        assert totals.requests == 3
+
+
+def test_memory_stays_flat_over_many_requests(tiny):
+    proc = psutil.Process()
+    requests = [(PROMPTS[i % len(PROMPTS)], REQUESTS[i % len(REQUESTS)][0], REQUESTS[i % len(REQUESTS)][1])
+                for i in range(300)]
+    with Engine(tiny["target"], tiny["close"], n_ctx=3 * 128, n_seq=3) as e:
+        run_together(e, 3, requests[:30])
+        before = proc.memory_info().rss
+        run_together(e, 3, requests)
+        growth = proc.memory_info().rss - before
+    assert growth < 8 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 300 requests"
+
+
+@pytest.mark.slow
+def test_the_real_pair_writes_each_requests_own_text_in_shared_batches():
+    """Qwen2.5-Coder 1.5B Q8_0 with its 0.5B draft, three requests at once in draft mode and auto, greedy and seeded:
+    each is what `generate` writes alone, on the real quantized kernels (where batches of up to 16 rows are
+    bit-identical to one-token decoding on a CPU, a step decodes at most that many rows together)."""
+    target, draft = real_model("qwen2.5-coder-1.5b-instruct-q8_0.gguf"), real_model("qwen2.5-coder-0.5b-instruct-q4_0.gguf")
+    prompts = ["def quicksort(a):", "The three laws of thermodynamics are", "import numpy as np\n# a 3x3 identity"]
+    kinds = [("draft", {}), ("auto", {}), ("draft", {"temperature": 0.7, "seed": 3})]
+    with Engine(target, draft, n_ctx=3 * 256, n_seq=3) as e:
+        want = [e.generate(p, max_tokens=32, ignore_eos=True, mode="target", **kw).tokens
+                for p, (_, kw) in zip(prompts, kinds)]
+        results, totals = run_together(e, 3, [(p, mode, kw) for p, (mode, kw) in zip(prompts, kinds)], max_tokens=32)
+    assert [tokens for tokens, _ in results] == want
+    assert totals.drafted > 0 and totals.accepted > 0
 
 
 def test_heads_and_recurrent_targets_refuse_several_sequences_in_one_line(tiny, tmp_path):

@@ -207,12 +207,10 @@ def concurrency_bench(load, prompts: list, modes: tuple[str, ...], levels: tuple
     speculation off at the same concurrency; identical: requests whose text is the target's own (greedy, alone)."""
     from dataclasses import replace
 
-    import uvicorn
-
     from ..generation import GenerationSettings
     from ..llama.backend import machine
     from ..models.resolve import open_engine
-    from ..server import Server, create_app
+    from ..server import InThread
 
     levels = tuple(sorted(set(levels)))
     modes = ("target",) + tuple(m for m in modes if m in SERVER_MODES and m != "target")
@@ -221,28 +219,16 @@ def concurrency_bench(load, prompts: list, modes: tuple[str, ...], levels: tuple
     rows, reference = [], {}
     with engine:
         modes = tuple(m for m in modes if m not in ("draft",) or engine.draft_model is not None)
-        server = Server(engine, "bench", GenerationSettings(), max_queue=4 * max(levels)).start()
-        port = free_port()
-        runner = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
-        thread = threading.Thread(target=runner.run, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}"
-        try:
-            while not runner.started and thread.is_alive():
-                time.sleep(0.05)
+        with InThread(engine, "bench", GenerationSettings(), max_queue=4 * max(levels)) as server:
             for mode in modes:  # warm-up: the first request of a mode pays for what later ones find ready
-                run_clients(url, prompts[:1], 1, 8, {"mode": mode})
+                run_clients(server.url, prompts[:1], 1, 8, {"mode": mode})
             for n in levels:
                 for mode in modes:
-                    answers, seconds = run_clients(url, prompts, n, max_tokens, {"mode": mode})
+                    answers, seconds = run_clients(server.url, prompts, n, max_tokens, {"mode": mode})
                     if not reference:
                         reference = {a.prompt: a.text for a in answers}
                     rows.append(row(f"ggufspec {mode}", n, answers, seconds, reference))
                     note(f"{rows[-1]['config']} at concurrency {n}: {rows[-1]['aggregate_tokens_per_second']:.1f} tok/s")
-        finally:
-            runner.should_exit = True
-            thread.join(timeout=30)
-            server.stop()
         target, draft = engine.target_model, engine.draft_model
         paths = (target.path, draft.path if draft is not None and engine.bridge is None else None)
         ngl, threads = target.n_gpu_layers, engine.target_ctx.n_threads
@@ -259,19 +245,19 @@ def concurrency_bench(load, prompts: list, modes: tuple[str, ...], levels: tuple
 
 def concurrency_table(result: dict) -> str:
     """The rows as a table, with the machine they ran on."""
-    from tabulate import tabulate
+    from .report import table
 
     def number(value, digits=1):
         return "-" if value is None else f"{value:.{digits}f}"
 
-    table = [[r["config"], r["concurrency"], r["requests"], number(r["aggregate_tokens_per_second"]),
-              number(r["vs_off"], 2) + "x" if r["vs_off"] is not None else "-", number(r["request_tokens_per_second"]),
-              number(r["first_token_seconds"], 2),
-              f"{r['accepted'] / r['drafted']:.0%} of {r['drafted']}" if r["drafted"] else "-",
-              "-" if r["identical"] is None else f"{r['identical']}/{r['requests']}"] for r in result["rows"]]
-    head = ["config", "N", "requests", "tok/s", "vs off", "tok/s per request", "first token s", "accepted",
-            "identical"]
+    cells = [{"config": r["config"], "N": r["concurrency"], "requests": r["requests"],
+              "tok/s": number(r["aggregate_tokens_per_second"]),
+              "vs off": number(r["vs_off"], 2) + "x" if r["vs_off"] is not None else "-",
+              "tok/s per request": number(r["request_tokens_per_second"]),
+              "first token s": number(r["first_token_seconds"], 2),
+              "accepted": f"{r['accepted'] / r['drafted']:.0%} of {r['drafted']}" if r["drafted"] else "-",
+              "identical": "-" if r["identical"] is None else f"{r['identical']}/{r['requests']}"}
+             for r in result["rows"]]
     meta = result["meta"]
-    return (tabulate(table, head, tablefmt="github") + f"\n\n{meta['machine']}, {meta['threads']} threads; "
-            f"{meta['max_tokens']} tokens per request, greedy; identical: the target's own text, as ggufspec "
-            "writes it alone")
+    return (table(cells) + f"\n\n{meta['machine']}, {meta['threads']} threads; {meta['max_tokens']} tokens per "
+            "request, greedy; identical: the target's own text, as ggufspec writes it alone")

@@ -58,7 +58,7 @@ def serve_command(host, port, n_seq, kv_unified, alias, max_queue, **options):
         name = alias or Path(engine.target_model.path).stem
 
         def ready(url: str) -> None:
-            click.echo(f"ggufspec serve: {name} on {url}/v1 ({n_seq} sequences of {engine.n_ctx // n_seq} tokens, "
+            click.echo(f"ggufspec serve: {name} on {url}/v1 ({n_seq} sequences of {engine.n_ctx} tokens, "
                        f"mode {defaults.mode}); Ctrl-C stops it", err=True)
 
         serve(engine, name, defaults, host=host, port=port, max_queue=max_queue, ready=ready)

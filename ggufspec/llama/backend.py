@@ -217,7 +217,9 @@ class Context(Closing):
                 f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"
             )
         self._setup(min(int(n_ctx), C.llama_n_ctx(self._ctx)), n_threads)  # llama.cpp pads n_ctx up; the user's size is the limit
-        self.sequences = sequences_of(self, n_seq) if n_seq > 1 else []
+        if n_seq > 1:  # the context's own decodes are sequence 0's, within its share
+            self.sequences = sequences_of(self, n_seq)
+            self.n_ctx = self.sequences[0].n_ctx
 
     @classmethod
     def of_llama(cls, llama) -> "Context":
@@ -236,7 +238,7 @@ class Context(Closing):
         return self
 
     def _setup(self, n_ctx: int, n_threads: int) -> None:
-        self.n_ctx = n_ctx
+        self.n_ctx = self.n_ctx_total = n_ctx  # of several sequences: n_ctx becomes sequence 0's share
         self.n_batch = C.llama_n_batch(self._ctx)
         self.n_threads = n_threads
         self._mem = C.llama_get_memory(self._ctx)

@@ -232,15 +232,6 @@ def build_features() -> list[str]:
     return features
 
 
-def server_modules():
-    """llama-cpp-python's OpenAI-compatible server: (its `model` module, its `__main__`). ImportError where its
-    extras are not installed (pip install 'llama-cpp-python[server]')."""
-    import llama_cpp.server.__main__ as server_main
-    from llama_cpp.server import model as server_model
-
-    return server_model, server_main
-
-
 def decode_failed(rc: int, m: int, n_past: int, n_ctx: int) -> None:
     """Raise the one clear error for llama_decode's return code rc (0: nothing) on a batch of m tokens at n_past."""
     if rc == 0:

@@ -24,7 +24,7 @@ def set_sequence(batch, n_rows: int, seq_id: int) -> None:
 
 def sequences_of(ctx, n_seq: int) -> list["Sequence"]:
     """The context's sequences 0..n_seq - 1, each with an even share of its cache."""
-    share = ctx.n_ctx // n_seq
+    share = ctx.n_ctx_total // n_seq
     return [Sequence(ctx, i, share) for i in range(n_seq)]
 
 
@@ -44,8 +44,10 @@ class Sequence:
         return contextlib.nullcontext()
 
     def start(self, prompt_tokens: list[int], reuse: bool = False) -> int:
-        """A new prompt: this sequence's cache emptied (nothing reused: other sequences shape a batch's numerics)."""
-        self.truncate(0)
+        """A new prompt: this sequence's cache emptied, whatever decoded into it (sequence 0 is also the context's
+        own); nothing is reused."""
+        C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, 0, -1)
+        self.tokens.clear()
         return 0
 
     def decode(self, tokens: Tokens[int], logits: str = "last") -> np.ndarray | None:
