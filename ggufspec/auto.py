@@ -104,6 +104,10 @@ class AutoDrafter(Drafter):
         self.model_alpha = Estimate(0.8, 2.0)
         self.watch = RateWatch()  # what each source's rounds deliver, whatever the table predicts
 
+    # A server of several sequences: the draft catches up on a prompt only when drafting pays in a batch (under load
+    # it mostly does not, and the draft's prefill would delay every request's first token for nothing).
+    lazy_model = False
+
     def model_may_pay(self) -> bool:
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
         return self.model is not None and self._pays(self._draft_cost)
@@ -131,7 +135,7 @@ class AutoDrafter(Drafter):
         if self.model is not None:
             # With the prompt, as in draft mode, where the model may pay (the prompt's time, not the first
             # round's); elsewhere lazily: the draft catches up only if and when it is used.
-            self.model.reset(prompt_tokens, reuse=reuse, lazy=not self.model_may_pay())
+            self.model.reset(prompt_tokens, reuse=reuse, lazy=self.lazy_model or not self.model_may_pay())
 
     # -- costs --------------------------------------------------------------------------------
 

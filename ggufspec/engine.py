@@ -300,6 +300,8 @@ class Engine(Closing):
         lookup = LookupDrafter(ends=getattr(self.target_model, "control_mask", None))
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
                                           lookup=lookup, lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
+        if slot is not None and hasattr(drafter, "lazy_model"):
+            drafter.lazy_model = True  # one of several sequences: the draft catches up when a batch lets it draft
         used = {HEAD_MODES.get(s.mode)} | set(getattr(drafter, "heads", {}))
         for name, head in sorted(self.heads.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay
             head.activate(name in used)  # a head follows the target only for generations that draft with it

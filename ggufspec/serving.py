@@ -63,7 +63,8 @@ def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool
 def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int, limit: int | None = None,
                  unified: bool = False) -> int:
     """The most tokens each speculating stream may draft this step: of 0..longest, the length whose expected
-    tokens per second over the whole batch are highest, and 0 unless drafting beats none by the margin.
+    tokens per second over the whole batch are highest, and 0 unless drafting beats none by the margin, also
+    (a KV stream per sequence, where unequal drafts cost a ubatch each) where only one stream drafts.
     streams: (acceptance, seconds per drafted token) of each."""
     n = len(streams)
 
@@ -71,9 +72,15 @@ def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int,
         tokens = sum(expected_tokens(alpha, d) for alpha, _ in streams)
         return tokens / (step_seconds(costs, [d + 1] * n, limit, unified) + d * sum(step for _, step in streams))
 
+    def one_drafts(d: int) -> float:  # auto's streams draft unequally (a copy here, none there): the worst case
+        alpha, step = max(streams)
+        tokens = expected_tokens(alpha, d) + n - 1
+        return tokens / (step_seconds(costs, [d + 1] + [1] * (n - 1), limit, unified) + d * step)
+
     base = rate(0)
     best = max(range(1, longest + 1), key=rate, default=0)
-    return best if best and rate(best) > base * MARGIN else 0
+    pays = best and rate(best) > base * MARGIN and (unified or one_drafts(best) > base * MARGIN)
+    return best if pays else 0
 
 
 def trimmed(costs: Costs, lengths: list[int], alphas: list[float], auto: list[bool], limit: int | None,
@@ -93,6 +100,15 @@ def trimmed(costs: Costs, lengths: list[int], alphas: list[float], auto: list[bo
 def _alpha(g: Generation) -> float:
     s = g.stats
     return min(0.99, (s.n_accepted + PRIOR_ACCEPTED) / (s.n_drafted + PRIOR_DRAFTED))
+
+
+def _draft_step(g: Generation) -> float:
+    """Seconds per drafted token of a stream: as seen, else (nothing drafted yet) what a draft model step costs where
+    its drafter may draft with one (measured at load), else nothing (prompt lookup)."""
+    s, model = g.stats, getattr(g.drafter, "model", None)
+    if s.n_drafted:
+        return s.draft_seconds / s.n_drafted
+    return (g.drafter.draft_cost or 0.0) if model is not None and g.drafter.model_may_pay() else 0.0
 
 
 def _exactly(exact: bool, tie_margin: float) -> Verification:
@@ -120,8 +136,7 @@ class Batch:
         auto = [g for g in generations if g.settings.mode == "auto"]
         if len(generations) < 2 or not auto or self.costs is None:
             return None
-        streams = [(_alpha(g), g.stats.draft_seconds / g.stats.n_drafted if g.stats.n_drafted else 0.0)
-                   for g in generations]
+        streams = [(_alpha(g), _draft_step(g)) for g in generations]
         return batch_budget(self.costs, streams, self.longest, limit, self.unified)
 
     def step(self, generations: list[Generation]) -> list[tuple[Generation, Chunk | BaseException]]:
@@ -247,10 +262,14 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     break
-            self._drop_cancelled()
-            self._admit()
-            if self.active:
-                self._step()
+            try:
+                self._drop_cancelled()
+                self._admit()
+                if self.active:
+                    self._step()
+            except Exception as e:  # noqa: BLE001 (a fault of the step, not of one request: end those running)
+                for slot in list(self.active):
+                    self._end(slot, error=e)
         for slot in list(self.active):
             self._end(slot, error=GGUFSpecError("the server is shutting down"))
         for ticket in self.waiting:

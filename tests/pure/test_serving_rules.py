@@ -37,6 +37,8 @@ def test_auto_drafts_less_as_streams_are_added_and_not_where_rows_cost_a_step():
     assert batch_budget(CPU, [sure] * 2, 16) == 0
     assert batch_budget(GPU, [(0.02, 0.0)] * 4, 16) == 0  # drafts that are rarely right never pay
     assert batch_budget(GPU, [(0.8, 0.05)] * 4, 16) == 0  # nor a draft step dearer than the rows it saves
+    # a KV stream per sequence: a stream drafting alone costs a ubatch of its own, a step on a GPU; one cache: not
+    assert batch_budget(GPU, [sure] * 4, 16, unified=False) == 0 < batch_budget(GPU, [sure] * 4, 16, unified=True)
 
 
 def test_unequal_drafts_are_cut_to_a_common_length_where_that_pays():
