@@ -63,8 +63,6 @@ class Server:
         if not isinstance(stream, bool):
             raise BadRequest(f"stream must be true or false (got {stream!r})")
         overrides = {FIELDS[k]: v for k, v in body.items() if k in FIELDS and v is not None}
-        if isinstance(overrides.get("stop"), list):
-            overrides["stop"] = tuple(overrides["stop"])
         try:
             if chat:
                 if "messages" not in body:
@@ -99,13 +97,13 @@ class Server:
 
     # -- answers ------------------------------------------------------------------------------
 
-    def usage(self, chunk: Chunk | None, n_prompt: int) -> dict:
-        s = chunk.stats if chunk is not None else None
-        n = s.n_generated if s else 0
-        return {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n,
-                "drafted_tokens": s.n_drafted if s else 0, "accepted_tokens": s.n_accepted if s else 0,
-                "tokens_per_second": round(s.tokens_per_second, 3) if s else 0.0,
-                "prompt_seconds": round(s.prompt_seconds, 4) if s else 0.0, "mode": s.mode if s else None}
+    def usage(self, chunk: Chunk, n_prompt: int) -> dict:
+        """A request's `usage`, from its last chunk's running totals."""
+        s = chunk.stats
+        return {"prompt_tokens": n_prompt, "completion_tokens": s.n_generated, "total_tokens": n_prompt + s.n_generated,
+                "drafted_tokens": s.n_drafted, "accepted_tokens": s.n_accepted,
+                "tokens_per_second": round(s.tokens_per_second, 3), "prompt_seconds": round(s.prompt_seconds, 4),
+                "mode": s.mode}
 
     def answer(self, chat: bool, text: str, finish: str | None, usage: dict, rid: str) -> dict:
         choice = {"index": 0, "finish_reason": FINISH.get(finish, finish) or "length", "logprobs": None}
@@ -304,10 +302,24 @@ def serve(engine, name: str, defaults: GenerationSettings, *, host: str = "127.0
         runner.startup = startup
     try:
         runner.run()
+    except SystemExit:  # uvicorn exits when it cannot bind (it has said why in its own line)
+        if runner.started:
+            raise
     finally:
         server.stop()
     if not runner.started:
         raise GGUFSpecError(f"could not listen on {host}:{port} (in use? try another --port)")
+
+
+def check_address(host: str, port: int) -> None:
+    """One line, before any model loads, where nothing can listen on host:port (taken, or not this machine's)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise GGUFSpecError(f"cannot listen on {host}:{port} ({e.strerror or e}); give another --port or --host") from None
 
 
 class InThread:

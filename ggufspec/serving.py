@@ -149,10 +149,9 @@ class Batch:
                 plans.append((g, g.steps.plan(budget if g.settings.mode == "auto" else None)))
             except Exception as e:  # noqa: BLE001 (that request fails, the others go on)
                 out.append((g, e))
-        if len(plans) == 1:  # alone in the batch: verified as one sequence is
-            g, plan = plans[0]
-            return out + [(g, _finish(g, plan))]
-        if self.costs is not None and len(plans) > 1:
+        if len(plans) <= 1:  # alone in the batch: verified as one sequence is
+            return out + [(g, _finish(g, plan)) for g, plan in plans]
+        if self.costs is not None:
             lengths = trimmed(self.costs, [len(p.draft_tokens) for _, p in plans], [_alpha(g) for g, _ in plans],
                               [g.settings.mode == "auto" for g, _ in plans], limit, self.unified)
             plans = [(g, p if len(p.draft_tokens) == n else p.cut(n)) for (g, p), n in zip(plans, lengths)]
@@ -192,8 +191,6 @@ class Ticket:
     settings: GenerationSettings
     deliver: Callable
     cancelled: threading.Event = field(default_factory=threading.Event)
-    queued_at: float = field(default_factory=time.perf_counter)
-    slot: int | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -285,7 +282,6 @@ class Scheduler:
                 self.totals.cancelled += 1
                 continue
             slot = min(set(range(self.n_slots)) - set(self.active))
-            ticket.slot = slot
             try:
                 g = self.build(ticket.prompt_tokens, ticket.settings, slot)
                 self.active[slot] = (ticket, g)

@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 import psutil
 import pytest
-from clirun import INTERRUPTED, free_port
+from clirun import INTERRUPTED, free_port, one_line, run
 from conftest import real_model
 
 from ggufspec import Engine
@@ -144,12 +144,30 @@ def test_the_real_pair_writes_each_requests_own_text_in_shared_batches():
     assert totals.drafted > 0 and totals.accepted > 0
 
 
-def test_heads_and_recurrent_targets_refuse_several_sequences_in_one_line(tiny, tmp_path):
+def test_what_serve_cannot_do_is_one_line_before_it_listens(tiny, tmp_path):
+    """Bad flags, a taken port, and a recurrent target or an EAGLE-3 draft for several sequences: one line each,
+    exit 1, nothing listening; bench --concurrency's bad levels and a folder without llama-server likewise."""
     from tiny import write_tiny_mamba2
+    from tiny_hidden import write_tiny_eagle3, write_tiny_target
 
     mamba = write_tiny_mamba2(tmp_path / "mamba.gguf")
-    with pytest.raises(Exception, match="one sequence at a time.*-np 1"):
-        Engine(mamba, n_seq=2, measure=False)
+    trunk = write_tiny_target(tmp_path / "trunk.gguf")
+    eagle3 = write_tiny_eagle3(tmp_path / "eagle3.gguf", trunk)
+    target = ["-m", tiny["target"], "-ngl", "0", "-ngld", "0"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = [(["serve", *target, "-np", "0"], "-np/--parallel must be at least 1"),
+                 (["serve", *target, "--port", "70000"], "--port must be between 1 and 65535"),
+                 (["serve", *target, "-c", "16", "-np", "4"], "under 8 tokens"),
+                 (["serve", *target, "--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
+                 (["serve", "-m", mamba, "-np", "2", "--port", str(free_port())], "one sequence at a time"),
+                 (["serve", "-m", trunk, "-md", eagle3, "-np", "2", "--port", str(free_port())], "-np 1"),
+                 (["bench", *target, "--concurrency", "0"], "--concurrency values must be at least 1"),
+                 (["bench", *target, "--concurrency", "1", "--compare-llama-cpp", tmp_path], "llama-server not found")]
+        for args, needle in cases:
+            one_line(run(*args), needle)
 
 
 # -- the HTTP server ---------------------------------------------------------------------------------------------

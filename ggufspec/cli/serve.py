@@ -40,18 +40,18 @@ def serve_command(host, port, n_seq, kv_unified, alias, max_queue, **options):
 
     from ..generation import GenerationSettings, resolve_settings
     from ..models.resolve import merge_pair_settings, open_engine
-    from ..server import serve
+    from ..server import check_address, serve
 
-    check_count(n_seq, "-np/--parallel", 1)
     check_count(max_queue, "--max-queue", 0)
     if not 0 < port < 65536:
         raise GGUFSpecError(f"--port must be between 1 and 65535 (got {port})")
-    load, settings, draft_max = split_options(options, n_seq=n_seq)
+    check_address(host, port)
+    load, settings, draft_max = split_options(options, n_seq=n_seq, kv_unified=kv_unified)
     if draft_max is not None:
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
     if load.n_ctx < 8 * n_seq:
         raise GGUFSpecError(f"-c {load.n_ctx} leaves each of the -np {n_seq} sequences under 8 tokens; raise -c")
-    engine, pair_defaults = open_engine(load, modes=(settings.get("mode", ""),), kv_unified=kv_unified)
+    engine, pair_defaults = open_engine(load, modes=(settings.get("mode", ""),))
     with engine:
         settings, _ = merge_pair_settings(pair_defaults.get("settings", {}), settings)
         defaults = resolve_settings(GenerationSettings(), settings)

@@ -179,7 +179,8 @@ class Context(Closing):
         n_ctx // n_seq tokens; the Context's own decode and truncate act on sequence 0, so use one or the other);
         kv_unified: one KV cache for them all (llama.cpp's -kvu: a batch of several is one ubatch, but a
         sequence's cells interleave with the others', and its rows round differently than alone); by default
-        a KV stream per sequence, laid out as a context of its own lays it out; rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
+        a KV stream per sequence, laid out as a context of its own lays it out;
+        rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
         last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`), as many as the batch allows;
         cache_types: the KV cache's K and V types (llama.cpp's -ctk, -ctv)."""
         misuse = alone_misuse(model.info)  # llama.cpp segfaults creating such a context, or decodes garbage

@@ -38,6 +38,7 @@ class LoadOptions:
     devices: str | None = None  # llama.cpp's -dev for the target ("RPC0,CUDA0"; "none": the CPU alone)
     draft_devices: str | None = None  # and -devd for the draft
     n_seq: int = 1  # sequences in each context (serve's -np): n_ctx is theirs together
+    kv_unified: bool = False  # and one KV cache for them all (serve's -kvu), not a stream each
 
 
 def looks_like_path(text: str) -> bool:
@@ -112,7 +113,7 @@ def pair_defaults(spec: PairSpec) -> dict:
     return out
 
 
-def open_engine(o: LoadOptions, modes: tuple[str, ...] = (), kv_unified: bool = False):
+def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults). modes: those the run will
     use, checked against the files before anything loads (mtp: the target's MTP layers)."""
     from ..core import HEAD_MODES, HIDDEN_DRAFT_MODES, MTP_MODES
@@ -151,7 +152,7 @@ def open_engine(o: LoadOptions, modes: tuple[str, ...] = (), kv_unified: bool = 
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
                     draft_devices=draft_devices, cpu_moe=cpu_moe, type_k=o.type_k, type_v=o.type_v, n_seq=o.n_seq,
-                    kv_unified=kv_unified)
+                    kv_unified=o.kv_unified)
     return engine, defaults
 
 
