@@ -26,7 +26,7 @@ from .llama.draft_fit import is_mtp_file, mtp_file_misfit
 from .llama.heads import MtpHead, check_mtp
 from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
-from .llama.sequences import decode_together
+from .llama.sequences import decode_together, together
 from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible, text_pairing
 from .llama.vocab import TextBridge, text_round_trip
@@ -35,6 +35,7 @@ from .drafters import HeadDrafter, LookupDrafter, ModelDrafter
 from .textdraft import TextDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
+from .serving import Batch
 from .llama.gguf_info import check_kv_cache_types, kv_cache_type
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
@@ -264,6 +265,11 @@ class Engine(Closing):
     def decode_together(self, parts: list) -> list:
         """[(sequence, tokens, logits)] of the target's sequences decoded in one batch (llama.sequences)."""
         return decode_together(self.target_ctx, parts)
+
+    def batch(self) -> Batch:
+        """What steps this Engine's sequences together (`serving.Batch`): one target batch a step, the draft model's
+        steps of every sequence that drafts decoded together (llama.sequences.together)."""
+        return Batch(self.decode_together, self.costs, unified=self.target_ctx.kv_unified, plan_together=together)
 
     @property
     def n_seq(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from .errors import GGUFSpecError
 from .generation import Chunk, GenerationSettings, resolve_settings
-from .serving import Batch, Scheduler, Ticket
+from .serving import Scheduler, Ticket
 
 FINISH = {"stop": "stop", "stop_string": "stop", "length": "length"}  # ours -> OpenAI's
 # Request fields and the setting each sets; others (user, logprobs, penalties...) are accepted and ignored.
@@ -40,8 +40,7 @@ class Server:
         self.engine, self.name, self.defaults = engine, name, defaults
         self.slot_ctx = engine.n_ctx  # what one request may use: the context's share of each sequence
         self.total_ctx = engine.target_ctx.n_ctx_total
-        batch = Batch(engine.decode_together, engine.costs, unified=engine.target_ctx.kv_unified)
-        self.scheduler = Scheduler(engine.generation, engine.release, batch, engine.n_seq, max_queue)
+        self.scheduler = Scheduler(engine.generation, engine.release, engine.batch(), engine.n_seq, max_queue)
         self.created = int(time.time())
 
     def start(self) -> "Server":

@@ -12,6 +12,7 @@ finally not at all. Fixed modes draft as told.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -117,13 +118,29 @@ def _exactly(exact: bool, tie_margin: float) -> Verification:
     return Verification(exact_batch=1 << 30 if exact else 0, exact=False, tie_margin=tie_margin)
 
 
+def one_by_one(calls: list[Callable]) -> list[tuple[object, float]]:
+    """Each call's result (or the exception it raised), run one after another: `Batch`'s plan_together where
+    nothing gathers the drafts' decodes (as llama.sequences.together does)."""
+    out = []
+    for call in calls:
+        try:
+            out.append((call(), 0.0))
+        except Exception as e:  # noqa: BLE001 (that request fails, the others go on)
+            out.append((e, 0.0))
+    return out
+
+
 class Batch:
     """Steps several generations, each on its own sequence, through one target decode per step (several where
     verification is exact: each of at most the bit-exact batch size). decode_together: [(target, tokens, "all")]
-    -> rows per part (llama.sequences.decode_together). unified: the KV cache is one for all sequences."""
+    -> rows per part (llama.sequences.decode_together). plan_together: runs every stream's plan (`one_by_one`,
+    or llama.sequences.together: a draft model's steps of all streams in one decode each). unified: the KV cache
+    is one for all sequences."""
 
-    def __init__(self, decode_together: Callable, costs: Costs | None, *, longest: int = 16, unified: bool = False):
+    def __init__(self, decode_together: Callable, costs: Costs | None, *, longest: int = 16, unified: bool = False,
+                 plan_together: Callable = one_by_one):
         self.decode_together, self.costs, self.longest, self.unified = decode_together, costs, longest, unified
+        self.plan_together = plan_together
 
     def _limit(self, generations: list[Generation]) -> int | None:
         """The most rows one decode may hold so that each is computed bit-identically to one-token decoding (None:
@@ -144,11 +161,13 @@ class Batch:
         limit = self._limit(generations)
         budget = self.budget(generations, limit)
         out, plans = [], []
-        for g in generations:
-            try:
-                plans.append((g, g.steps.plan(budget if g.settings.mode == "auto" else None)))
-            except Exception as e:  # noqa: BLE001 (that request fails, the others go on)
-                out.append((g, e))
+        calls = [functools.partial(g.steps.plan, budget if g.settings.mode == "auto" else None) for g in generations]
+        for g, (plan, overcount) in zip(generations, self.plan_together(calls)):
+            if isinstance(plan, BaseException):
+                out.append((g, plan))
+                continue
+            plan.draft.seconds = max(0.0, plan.draft.seconds - overcount)  # its own cost, not the others' it waited on
+            plans.append((g, plan))
         if len(plans) <= 1:  # alone in the batch: verified as one sequence is
             return out + [(g, _finish(g, plan)) for g, plan in plans]
         if self.costs is not None:

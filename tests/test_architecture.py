@@ -129,7 +129,7 @@ def test_no_modules_import_each_other():
 @pytest.mark.parametrize("dependency, owners", [
     ("llama_cpp", "llama."), ("gguf", "llama.gguf_info"), ("huggingface_hub", "models.hub"),
     ("tabulate", "bench.report"), ("click", "cli."), ("tomlkit", "models.registry"), ("fastapi", "server"),
-    ("uvicorn", "server"),
+    ("uvicorn", "server"), ("greenlet", "llama.sequences"),
 ])
 def test_each_heavy_dependency_is_imported_in_one_place(dependency, owners):
     users = {name for name, path in modules()

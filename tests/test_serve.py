@@ -25,12 +25,13 @@ from ggufspec import Engine
 from ggufspec.errors import ContextFullError
 from ggufspec.generation import GenerationSettings
 from ggufspec.llama.backend import Context, Model
-from ggufspec.llama.sequences import decode_together
-from ggufspec.serving import Batch, Scheduler, Ticket
+from ggufspec.llama import sequences
+from ggufspec.llama.sequences import decode_together, together
+from ggufspec.serving import Scheduler, Ticket
 
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "zzz zzz zzz zzz", "Once upon a time", "12345 67890"]
 # (mode, sampling) per request: every mode a server runs, greedy and seeded side by side in one batch
-REQUESTS = [("target", {}), ("draft", {}), ("lookup", {}), ("auto", {}), ("draft", {"temperature": 0.8, "seed": 7}),
+REQUESTS = [("target", {}), ("draft", {}), ("lookup", {}), ("draft", {"temperature": 0.8, "seed": 7}), ("auto", {}),
             ("auto", {"temperature": 0.8, "seed": 11})]
 
 
@@ -60,6 +61,36 @@ def test_sequences_decode_together_as_each_alone(tiny):
         model.close()
 
 
+def test_plans_run_together_have_their_decodes_answered_in_one_batch(tiny, monkeypatch):
+    """llama.sequences.together: three calls that each decode their sequence three times (a prompt, then a token at a
+    time, as a draft model drafts) get the rows each gets run alone (to the last bits: a row of a 3-row batch is
+    rounded otherwise), from three decodes of the context instead of nine; a call whose decode cannot fit fails by
+    itself and the others go on."""
+    model = Model(tiny["target"])
+    try:
+        ctx = Context(model, n_ctx=3 * 128, n_seq=3)
+        prompts = [model.tokenize(p) for p in PROMPTS[:3]]
+
+        def drafts(seq, prompt, steps=([5], [6])):
+            def call():
+                seq.start(prompt)
+                return np.stack([seq.decode(tokens, "last")[0] for tokens in [prompt, *steps]])
+            return call
+
+        alone = [drafts(s, p)() for s, p in zip(ctx.sequences, prompts)]
+        calls = []
+        monkeypatch.setattr(sequences, "decode_together", lambda c, parts: calls.append(len(parts)) or decode_together(c, parts))
+        results = together([drafts(s, p) for s, p in zip(ctx.sequences, prompts)])
+        assert calls == [3, 3, 3]
+        for (got, overcount), want, other in zip(results, alone, alone[1:] + alone[:1]):
+            assert np.allclose(got, want, atol=1e-3) and not np.allclose(got, other, atol=1e-3) and overcount >= 0
+        results = together([drafts(ctx.sequences[0], prompts[0]), drafts(ctx.sequences[1], prompts[1], [[5], [1] * 200])])
+        assert np.allclose(results[0][0], alone[0], atol=1e-3) and isinstance(results[1][0], ContextFullError)
+        assert ctx.sequences[1].n_past == len(prompts[1]) + 1  # the decode that failed left nothing behind
+    finally:
+        model.close()
+
+
 @pytest.fixture(scope="module")
 def references(tiny):
     """What `generate` writes for each request alone: the target's text (greedy), its sampled text (seeded)."""
@@ -70,7 +101,7 @@ def references(tiny):
 
 def run_together(engine, n_slots, requests, max_tokens=40):
     """Every request submitted at once to a Scheduler over the engine's sequences; (tokens, last chunk) of each."""
-    scheduler = Scheduler(engine.generation, engine.release, Batch(engine.decode_together, engine.costs), n_slots,
+    scheduler = Scheduler(engine.generation, engine.release, engine.batch(), n_slots,
                           max_queue=len(requests)).start()
     try:
         queues = []
@@ -93,12 +124,17 @@ def run_together(engine, n_slots, requests, max_tokens=40):
 
 
 @pytest.mark.parametrize("kv_unified", [False, True], ids=["kv-per-sequence", "kv-unified"])
-def test_every_request_writes_its_own_text_in_a_shared_batch(tiny, references, kv_unified):
+def test_every_request_writes_its_own_text_in_a_shared_batch(tiny, references, kv_unified, monkeypatch):
     """Six requests of every mode, greedy and seeded, through four sequences: each writes what it writes alone
     (one KV stream per sequence: by construction; unified: re-checked near-ties, on this fixture the same), drafts
-    were made and kept in shared batches, and fewer target batches ran than rounds."""
+    were made and kept in shared batches, the draft model's steps of several sequences decoded together, and fewer
+    target batches ran than rounds."""
     with Engine(tiny["target"], tiny["close"], n_ctx=4 * 256, n_seq=4, kv_unified=kv_unified) as e:
+        draft_batches = []
+        monkeypatch.setattr(sequences, "decode_together", lambda ctx, parts: (
+            ctx is e.draft_ctx and draft_batches.append(len(parts))) or decode_together(ctx, parts))
         results, totals = run_together(e, 4, [(p, mode, kw) for p, (mode, kw) in zip(PROMPTS, REQUESTS)])
+        assert max(draft_batches) > 1
         for (tokens, last), want, (mode, _) in zip(results, references, REQUESTS):
             assert tokens == want.tokens, mode
             if mode in ("draft", "lookup"):

@@ -4,13 +4,18 @@ batch from every slot. Each sequence has a KV stream of its own (n_ctx // N toke
 its own, so where the backend computes batch rows bit-identically to one-token decoding a sequence's text is
 what it would be alone; llama.cpp then computes the rows of several sequences in one ubatch where each brings
 as many (its split_equal), else in one ubatch per distinct count. With `kv_unified` one cache holds them all.
+
+`together` runs several rounds' plans as coroutines (greenlets): a draft model's steps for every sequence that
+drafts are decoded in one batch of its context, as llama.cpp's server drafts, instead of one decode each.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence as Tokens
+import time
+from typing import Callable, Sequence as Tokens
 
+import greenlet
 import numpy as np
 
 from ..errors import ContextFullError, GGUFSpecError
@@ -51,6 +56,10 @@ class Sequence:
         return 0
 
     def decode(self, tokens: Tokens[int], logits: str = "last") -> np.ndarray | None:
+        """Decode after this sequence's cache; inside `together`, with the other plans' decodes of this context."""
+        current = greenlet.getcurrent()
+        if isinstance(current, _Planning):
+            return current.ask((self, tokens, logits))
         return decode_together(self.ctx, [(self, tokens, logits)])[0]
 
     def truncate(self, n_keep: int) -> None:
@@ -133,3 +142,65 @@ class _Batch:
                     self.out[part].append(view[at:at + n].copy())
                     at += n
         self.m, self.rows = 0, []
+
+
+class _Planning(greenlet.greenlet):
+    """One call run by `together`: what it asks to decode waits for the others' asks."""
+
+    def __init__(self, call: Callable):
+        super().__init__(call)
+        self.waited = 0.0  # seconds between asking and going on
+        self.share = 0.0  # of which, its rows' share of the decodes
+
+    def ask(self, part: tuple):
+        start = time.perf_counter()
+        try:
+            return self.parent.switch(part)
+        finally:
+            self.waited += time.perf_counter() - start
+
+
+def together(calls: list[Callable]) -> list[tuple[object, float]]:
+    """Run the calls (each a round's plan) as if one after another, except that a decode one asks of a `Sequence`
+    waits until every other call has finished or asked too; those asked are then decoded in one batch per
+    context (the first of each as long as it is: a draft catching up; then a row each). Returns each call's
+    result, or the exception it raised, and the seconds its own timings counted of the others' work (waiting,
+    beyond its rows' share of the decodes)."""
+    runs = [_Planning(call) for call in calls]
+    results: list[object] = [None] * len(runs)
+    answers: dict[int, tuple[bool, object]] = {i: (False, None) for i in range(len(runs))}
+    while answers:
+        asked = {}
+        for i, (failed, value) in answers.items():
+            run = runs[i]
+            try:
+                got = run.throw(value) if failed else run.switch(value) if run else run.switch()
+            except Exception as e:  # noqa: BLE001 (that call failed; the others go on)
+                got = e
+            if run.dead:
+                results[i] = got
+            else:
+                asked[i] = got
+        answers = {}
+        for ctx in {id(part[0].ctx): part[0].ctx for part in asked.values()}.values():
+            members = [i for i, part in asked.items() if part[0].ctx is ctx]
+            answers.update(_decode_asked(ctx, members, asked, runs))
+    return [(result, run.waited - run.share) for result, run in zip(results, runs)]
+
+
+def _decode_asked(ctx, members: list[int], asked: dict, runs: list[_Planning]) -> dict[int, tuple[bool, object]]:
+    """Decode the members' asks on one context together (each alone if that fails, so one ask's fault is its own)."""
+    start = time.perf_counter()
+    try:
+        out = {i: (False, rows) for i, rows in zip(members, decode_together(ctx, [asked[i] for i in members]))}
+    except Exception as e:  # noqa: BLE001
+        if len(members) == 1:
+            return {members[0]: (True, e)}
+        out = {}
+        for i in members:
+            out.update(_decode_asked(ctx, [i], asked, runs))
+        return out
+    spent, rows = time.perf_counter() - start, sum(len(asked[i][1]) for i in members)
+    for i in members:
+        runs[i].share += spent * len(asked[i][1]) / rows
+    return out
