@@ -152,6 +152,21 @@ def _state(ctx) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arch", SHAPES)
+def test_several_requests_at_once_each_write_their_own_text(shapes, arch):
+    """Three requests sharing the target's batches (its own draft, lookup, auto seeded): each sequence rewinds its own
+    state from its own checkpoints, and writes what `generate` writes for it alone; drafts were kept."""
+    from test_serve import run_together
+
+    requests = [(PROMPTS[0], "draft", {}), (PROMPTS[1], "lookup", {}), (PROMPTS[0] + " x", "auto", {"temperature": 0.8, "seed": 5})]
+    with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=256) as alone:
+        want = [alone.generate(p, max_tokens=24, ignore_eos=True, mode="target", **kw).tokens for p, _, kw in requests]
+    with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=3 * 256, n_seq=3) as e:
+        results, totals = run_together(e, 3, requests, max_tokens=24)
+        assert [tokens for tokens, _ in results] == want
+        assert totals.accepted > 0 and totals.errors == 0
+
+
+@pytest.mark.parametrize("arch", SHAPES)
 def test_a_seed_gives_the_targets_own_text_in_every_mode(shapes, arch):
     with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=512) as e:
         for seed in (0, 7):

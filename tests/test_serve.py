@@ -181,12 +181,10 @@ def test_the_real_pair_writes_each_requests_own_text_in_shared_batches():
 
 
 def test_what_serve_cannot_do_is_one_line_before_it_listens(tiny, tmp_path):
-    """Bad flags, a taken port, and a recurrent target or an EAGLE-3 draft for several sequences: one line each,
-    exit 1, nothing listening; bench --concurrency's bad levels and a folder without llama-server likewise."""
-    from tiny import write_tiny_mamba2
+    """Bad flags, a taken port, and an EAGLE-3 draft for several sequences: one line each, exit 1, nothing
+    listening; bench --concurrency's bad levels and a folder without llama-server likewise."""
     from tiny_hidden import write_tiny_eagle3, write_tiny_target
 
-    mamba = write_tiny_mamba2(tmp_path / "mamba.gguf")
     trunk = write_tiny_target(tmp_path / "trunk.gguf")
     eagle3 = write_tiny_eagle3(tmp_path / "eagle3.gguf", trunk)
     target = ["-m", tiny["target"], "-ngl", "0", "-ngld", "0"]
@@ -198,7 +196,6 @@ def test_what_serve_cannot_do_is_one_line_before_it_listens(tiny, tmp_path):
                  (["serve", *target, "--port", "70000"], "--port must be between 1 and 65535"),
                  (["serve", *target, "-c", "16", "-np", "4"], "under 8 tokens"),
                  (["serve", *target, "--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
-                 (["serve", "-m", mamba, "-np", "2", "--port", str(free_port())], "one sequence at a time"),
                  (["serve", "-m", trunk, "-md", eagle3, "-np", "2", "--port", str(free_port())], "-np 1"),
                  (["bench", *target, "--concurrency", "0"], "--concurrency values must be at least 1"),
                  (["bench", *target, "--concurrency", "1", "--compare-llama-cpp", tmp_path], "llama-server not found")]

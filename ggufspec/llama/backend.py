@@ -193,9 +193,6 @@ class Context(Closing):
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
         params.n_ubatch = int(n_batch)
-        if n_seq > 1 and cannot_be_cut(model._model):
-            raise GGUFSpecError(f"{model.path}: a recurrent or hybrid model serves one sequence at a time here "
-                                "(its states cannot yet be rolled back per sequence); use -np 1")
         params.n_seq_max = int(n_seq)
         params.kv_unified = bool(kv_unified) and n_seq > 1
         self.kv_unified = bool(params.kv_unified)
@@ -205,7 +202,9 @@ class Context(Closing):
         params.type_k, params.type_v = (kv_cache_type(t)[0] for t in cache_types)
         params.no_perf = True
         # llama.cpp caps n_batch (and so n_ubatch) at n_ctx before padding n_ctx
-        params.n_rs_seq = fitted_rollback(rollback, min(n_ctx, n_batch)) if cannot_be_cut(model._model) else 0
+        # several sequences rewind a recurrent state from their own checkpoints (llama.sequences), not llama.cpp's rollback
+        uncut = cannot_be_cut(model._model) and n_seq == 1
+        params.n_rs_seq = fitted_rollback(rollback, min(n_ctx, n_batch)) if uncut else 0
         if software_vulkan():  # Mesa's llvmpipe crashes in llama.cpp's flash attention and op offload (devices.software_vulkan)
             params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
             params.op_offload = False

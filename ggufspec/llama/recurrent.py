@@ -42,9 +42,10 @@ def cannot_be_cut(model_ptr) -> bool:
 
 
 class Checkpoints:
-    """The recurrent state of sequence 0 at recent positions, oldest first (at most `limit`)."""
+    """The recurrent state of one sequence (seq_id) at recent positions, oldest first (at most `limit`)."""
 
-    def __init__(self, rollback: int = 0, limit: int = 32):
+    def __init__(self, rollback: int = 0, limit: int = 32, seq_id: int = 0):
+        self.seq_id = seq_id
         self.rollback = rollback  # llama.cpp's n_rs_seq for this context (0: none)
         self.batch_start = 0  # where the last llama_decode's batch began
         self.limit = limit
@@ -66,13 +67,13 @@ class Checkpoints:
         one of the decoded tokens: a rewind of the whole batch (a near-tie at its first row) needs this one."""
         if not self.active or (self.saved and self.saved[-1][0] == position):
             return
-        size = C.llama_state_seq_get_size_ext(ctx, 0, PARTIAL)
+        size = C.llama_state_seq_get_size_ext(ctx, self.seq_id, PARTIAL)
         state = next((b for b in self._spare if len(b) == size), None)
         if state is None:
             state = (ctypes.c_uint8 * size)()
         else:
             self._spare.remove(state)
-        C.llama_state_seq_get_data_ext(ctx, state, size, 0, PARTIAL)
+        C.llama_state_seq_get_data_ext(ctx, state, size, self.seq_id, PARTIAL)
         self.saved.append((position, state))
         while len(self.saved) > self.limit:
             self._drop(0)
@@ -84,11 +85,12 @@ class Checkpoints:
         if not self.saved:
             return None
         position, state = self.saved[-1]
-        C.llama_state_seq_set_data_ext(ctx, state, len(state), 0, PARTIAL)
+        C.llama_state_seq_set_data_ext(ctx, state, len(state), self.seq_id, PARTIAL)
         return position
 
     def rewind(self, context, n_keep: int) -> None:
-        """Rewind a backend.Context to n_keep tokens: restore, cut the attention part, decode the rest again."""
+        """Rewind a backend.Context (or one of its sequences) to n_keep tokens: restore, cut the attention part,
+        decode the rest again."""
         # llama.cpp rolls its state back itself where the rewind keeps a draft of the batch (whose state is the
         # batch's either way); one keeping the batch's first token alone decodes it again by itself, as target-only
         # decoding does: a batch's state differs in the last bits, and at a later near-tie so would the text

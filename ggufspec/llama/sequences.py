@@ -19,6 +19,7 @@ import greenlet
 import numpy as np
 
 from ..errors import ContextFullError, GGUFSpecError
+from .recurrent import Checkpoints
 from .runtime import C, decode_failed
 
 
@@ -34,26 +35,46 @@ def sequences_of(ctx, n_seq: int) -> list["Sequence"]:
 
 
 class Sequence:
-    """One sequence of a Context of several: the `Target` protocol, decoding alone or in `decode_together`."""
+    """One sequence of a Context of several: the `Target` protocol, decoding alone or in `decode_together`. Where
+    the memory cannot be cut (a recurrent state), it saves its own state before each decode it may rewind into and
+    rewinds from those (`recurrent.Checkpoints`), as a context of one sequence does."""
 
     def __init__(self, ctx, seq_id: int, n_ctx: int):
         self.ctx, self.seq_id, self.n_ctx = ctx, seq_id, n_ctx
         self.model, self.n_batch, self.n_vocab = ctx.model, ctx.n_batch, ctx.n_vocab
         self.tokens: list[int] = []
+        self.checkpoints = None if ctx.cuttable else Checkpoints(seq_id=seq_id)
 
     @property
     def n_past(self) -> int:
         return len(self.tokens)
 
+    @property
+    def _ctx(self):  # the llama_context, for Checkpoints
+        return self.ctx._ctx
+
     def no_rewind(self):
-        return contextlib.nullcontext()
+        """A `with` block whose decodes will not be rewound into: a recurrent state saves nothing for them."""
+        return contextlib.nullcontext() if self.checkpoints is None else self.checkpoints.paused()
 
     def start(self, prompt_tokens: list[int], reuse: bool = False) -> int:
         """A new prompt: this sequence's cache emptied, whatever decoded into it (sequence 0 is also the context's
         own); nothing is reused."""
+        self.clear()
+        return 0
+
+    def clear(self) -> None:
         C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, 0, -1)
         self.tokens.clear()
-        return 0
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
+
+    def cut(self, n_keep: int) -> bool:
+        """Drop positions from n_keep on, if llama.cpp can (a recurrent state: not within it); whether it did."""
+        if not C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, n_keep, -1):
+            return False
+        del self.tokens[n_keep:]
+        return True
 
     def decode(self, tokens: Tokens[int], logits: str = "last") -> np.ndarray | None:
         """Decode after this sequence's cache; inside `together`, with the other plans' decodes of this context."""
@@ -65,9 +86,10 @@ class Sequence:
     def truncate(self, n_keep: int) -> None:
         if n_keep >= self.n_past:
             return
-        if not C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, n_keep, -1):
+        if self.checkpoints is not None:
+            self.checkpoints.rewind(self, n_keep)
+        elif not self.cut(n_keep):
             raise GGUFSpecError(f"llama.cpp could not rewind sequence {self.seq_id} to position {n_keep}")
-        del self.tokens[n_keep:]
 
 
 def decode_together(ctx, parts: list[tuple[Sequence, Tokens[int], str]]) -> list[np.ndarray | None]:
@@ -82,6 +104,9 @@ def decode_together(ctx, parts: list[tuple[Sequence, Tokens[int], str]]) -> list
             raise ContextFullError(f"the context is full: {seq.n_past} + {len(tokens)} tokens do not fit in this "
                                    f"sequence's n_ctx={seq.n_ctx}; raise -c or lower -n")
     before = {seq.seq_id: (seq, seq.n_past) for seq, _, _ in parts}
+    for seq, n_past in before.values():
+        if seq.checkpoints is not None:
+            seq.checkpoints.save(ctx._ctx, n_past)
     batch = _Batch(ctx, len(parts))
     try:
         for index, (seq, tokens, logits) in enumerate(parts):
@@ -89,8 +114,11 @@ def decode_together(ctx, parts: list[tuple[Sequence, Tokens[int], str]]) -> list
         batch.flush()
     except BaseException:
         for seq, n_past in before.values():
-            C.llama_memory_seq_rm(ctx._mem, seq.seq_id, n_past, -1)
-            del seq.tokens[n_past:]
+            if seq.checkpoints is None:
+                C.llama_memory_seq_rm(ctx._mem, seq.seq_id, n_past, -1)
+                del seq.tokens[n_past:]
+            else:
+                seq.truncate(n_past)
         raise
     return [None if logits == "none" else (o[0] if len(o) == 1 else np.concatenate(o))
             for o, (_, _, logits) in zip(batch.out, parts)]
