@@ -57,6 +57,20 @@ def test_a_seed_writes_the_targets_own_text_across_tokenizers(tiny_engine, promp
     assert out.tokens == alone.tokens and out.stats.n_drafted > 0
 
 
+def test_several_requests_at_once_draft_across_tokenizers_and_write_their_own_text(tiny, tiny_engine):
+    """Served: three requests share the target's batches, each drafting through text on its own sequence of one draft
+    context (their draft steps decoded together): greedy and seeded, each the text `generate` writes alone."""
+    from test_serve import run_together
+
+    requests = [(PROMPTS[0], "draft", {}), (PROMPTS[1], "draft", {"temperature": 0.8, "seed": 11}), (PROMPTS[1], "auto", {})]
+    want = [tiny_engine.generate(p, max_tokens=32, mode="target", ignore_eos=True, **kw).tokens for p, _, kw in requests]
+    with Engine(tiny["lettered"], tiny["permuted"], n_ctx=3 * 256, n_seq=3) as e:
+        assert isinstance(e.model_drafter, TextDrafter)
+        results, totals = run_together(e, 3, requests, max_tokens=32)
+    assert [tokens for tokens, _ in results] == want
+    assert totals.accepted > 0.5 * totals.drafted > 0
+
+
 def test_unseeded_sampling_drafts_on_the_shared_tokens(tiny_engine):
     out = tiny_engine.generate(PROMPTS[0], max_tokens=48, mode="draft", temperature=1.0, draft_max=3, ignore_eos=True)
     assert len(out.tokens) == 48 and out.stats.n_drafted > 0
