@@ -85,7 +85,12 @@ class AutoDrafter(Drafter):
         # What a verified row beyond the first costs now over what the table says: the table is measured in a short
         # cache, and in a long one every row attends to every cached token (a batch there costs more steps). Learnt
         # from each timed verify, fast: a round that shows batches dearer must stop the next round drafting.
-        self.extra_rows = self._costs_extra_rows = 1.0
+        self.extra_rows = 1.0
+        # Past exact_kv a round is one batch whose rows are judged with a margin, and a near-tie is decoded again:
+        # (ties, rows judged) seen, decayed, from a prior (none where no margin is kept)
+        self.ties = (self.tie_prior[0] if verification.tie_margin > 0 else 0.0, self.tie_prior[1])
+        self._corrected_with = (1.0, 0.0)  # (extra_rows, tie_rate) the table self.costs is corrected with
+        self._correct()
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
@@ -240,7 +245,9 @@ class AutoDrafter(Drafter):
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
         self.watch.observe(r, 1 / self.step_cost)
-        rows = r.n_drafted + 1  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
+        rows = r.n_drafted + 1
+        if r.n_drafted and r.target_seconds > 0 and self.verification.batch_limit(r.n_past + rows) is None:
+            self._learn_ties(r.ties_settled, r.n_accepted + 1)  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
         if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled and not r.shared:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
@@ -263,11 +270,29 @@ class AutoDrafter(Drafter):
         weight = 0.7 if seen > self.extra_rows else 0.3
         self._set_extra_rows(self.extra_rows + weight * (seen - self.extra_rows))
 
+    tie_prior = (0.3, 10.0)  # a near-tie in some thirty judged rows until the text shows its own (prose on the Qwen pair: 1 in 9)
+    tie_decay = 0.98  # per judged row: the text's last fifty or so rows
+
+    def _learn_ties(self, ties: int, rows: int) -> None:
+        decay = self.tie_decay ** rows
+        self.ties = (self.ties[0] * decay + ties, self.ties[1] * decay + rows)
+        self._correct()
+
+    @property
+    def tie_rate(self) -> float:
+        """The chance that a row judged with a margin is a near-tie, here in this text."""
+        return self.ties[0] / self.ties[1]
+
     def _set_extra_rows(self, extra: float) -> None:
         self.extra_rows = extra
-        if abs(extra - self._costs_extra_rows) > 0.01 * extra:  # the corrected table, rebuilt where it moved
-            self._costs_extra_rows = extra
-            self.costs = self.measured.with_extra_rows(extra)
+        self._correct()
+
+    def _correct(self) -> None:
+        """The table auto plans with: the measured one corrected by extra_rows and tie_rate, rebuilt where they moved."""
+        (extra, ties), (was_extra, was_ties) = (self.extra_rows, self.tie_rate), self._corrected_with
+        if abs(extra - was_extra) > 0.01 * extra or abs(ties - was_ties) > 0.005:
+            self._corrected_with = (extra, ties)
+            self.costs = self.measured.corrected(extra, ties)
 
 
 def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, model: ModelDrafter | None = None,

@@ -8,7 +8,7 @@ costs here, that is the speed-up over plain decoding that the auto mode plans wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Batches up to 16 tokens are timed size by size (on CPUs the kernels work in rows of 4 or 8, so a size
 # between those can cost more than the next one up), and beyond, up to 64, at the sizes in LONG_BATCHES:
@@ -86,16 +86,28 @@ class Costs:
     # {"token": seconds per drafted token (a step, and the head's catch-up on one verified row),
     #  "round": seconds per draft whatever its length (a DFlash block, decoded at once)}
     head_seconds: dict = field(default_factory=dict)
+    # Where a round is one batch that is not bit-exact (past exact_kv), the chance that a row the round uses is a
+    # near-tie, which verification decodes again by itself (and, where that confirms the draft, the rows after it
+    # again): learnt per generation by auto (0: the table alone, as measured)
+    tie_rate: float = 0.0
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
 
-    def with_extra_rows(self, factor: float) -> "Costs":
-        """This table with every verified row beyond the first costing `factor` times what was measured (a batch
-        of n: one step plus factor x (its measured cost - one step)); how auto corrects a table measured in a short
-        cache for a long one, where each row attends to every cached token and a batch costs more steps."""
+    def corrected(self, extra_rows: float, tie_rate: float = 0.0) -> "Costs":
+        """This table with every verified row beyond the first costing `extra_rows` times what was measured (a
+        batch of n: one step plus extra_rows x (its measured cost - one step)), and near-ties re-checked at
+        tie_rate: how auto corrects a table measured in a short cache for a long one, where each row attends to
+        every cached token (a batch costs more steps) and rows are judged with a margin."""
         one = self.target_batch_seconds[0]
-        scaled = [one + max(0.0, factor * (s - one)) for s in self.target_batch_seconds]
-        return Costs(scaled, self.exact_batch, self.draft_token_seconds, self.exact_kv, self.rollback, self.experts,
-                     self.head_seconds)
+        scaled = [one + max(0.0, extra_rows * (s - one)) for s in self.target_batch_seconds]
+        return replace(self, target_batch_seconds=scaled, tie_rate=tie_rate)
+
+    def tie_seconds(self, n: int, alpha: float) -> float:
+        """Expected seconds a round verifying n rows in one batch spends on near-ties: row j is judged where the j
+        drafts before it were kept (alpha^j); a tie there is decoded again alone (a step), and where that keeps
+        the draft (about alpha) the rows after it are decoded again."""
+        return self.tie_rate * sum(alpha ** j * (self.batch_seconds(1) + (alpha * self.batch_seconds(n - 1 - j)
+                                                                          if j < n - 1 else 0.0))
+                                   for j in range(n))
 
     @property
     def mtp_token_seconds(self) -> float | None:
@@ -158,7 +170,7 @@ class Costs:
         """Expected speed-up over plain decoding of rounds drafting n_draft tokens at draft_step
         seconds each, verified in one batch or in batches of at most verify_batch."""
         seconds = (n_draft * draft_step + self.verify_seconds(n_draft + 1, verify_batch, alpha)
-                   + self.rewind_seconds(n_draft, alpha))
+                   + self.rewind_seconds(n_draft, alpha) + (0.0 if verify_batch else self.tie_seconds(n_draft + 1, alpha)))
         return expected_tokens(alpha, n_draft) * self.target_token_seconds / seconds
 
     def best_length(self, alpha: float, draft_step: float, verify_batch: int | None = None,
