@@ -247,7 +247,8 @@ class AutoDrafter(Drafter):
         self.watch.observe(r, 1 / self.step_cost)
         rows = r.n_drafted + 1
         if r.n_drafted and r.target_seconds > 0 and self.verification.batch_limit(r.n_past + rows) is None:
-            self._learn_ties(r.ties_settled, r.n_accepted + 1)  # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
+            self._learn_ties(r.ties_settled, r.n_accepted + 1)  # one batch judged with a margin: its rows used
+        # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
         if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled and not r.shared:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
