@@ -32,6 +32,9 @@ from .verification import Verification
 from .watch import RateWatch
 
 
+CONTINUED = "lookup+draft"  # the source of a copy continued by the draft model past its end
+
+
 class Estimate:
     """A running acceptance rate: a prior worth `weight` drafts, then observations with decay."""
 
@@ -108,6 +111,7 @@ class AutoDrafter(Drafter):
         # A draft of the same family agrees often; a light prior, so that a few rounds decide the length.
         self.model_alpha = Estimate(0.8, 2.0)
         self.watch = RateWatch()  # what each source's rounds deliver, whatever the table predicts
+        self.delivered: dict[str, list[float]] = {}  # source -> [tokens, tokens the table predicted], decayed
 
     # A server of several sequences: the draft catches up on a prompt only when drafting pays in a batch (under load
     # it mostly does not, and the draft's prefill would delay every request's first token for nothing).
@@ -171,33 +175,46 @@ class AutoDrafter(Drafter):
                 *, noise=None) -> Draft:
         start = time.perf_counter()
         n_past = len(history) - 1  # exactness ends at exact_kv, so what a batch costs depends on it
-        best = ("target", 0, self.margin / self.step_cost)
+        # (source, length, rate as corrected by what the source's rounds delivered, the table's rate)
+        plain = 1 / self.step_cost
+        best = ("target", 0, self.margin * plain * self.calibration("target"), plain)
         allows = self.watch.allows
+
+        def weigh(source: str, a: float, lengths: range, step) -> None:
+            nonlocal best
+            delivered = self.calibration(source)
+            for n in lengths:
+                r = self.rate(a, n, step(n), n_past)
+                if r * delivered > best[2]:
+                    best = (source, n, r * delivered, r)
+
         longest_copy = min(draft_max, self.lookup_max or draft_max) if allows("lookup") else 0
         match, agreement = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0)
         if match:
-            a = self.lookup_estimate(agreement)
-            for n in range(1, len(match) + 1):
-                r = self.rate(a, n, 0.0, n_past)
-                if r > best[2]:
-                    best = ("lookup", n, r)
+            weigh("lookup", self.lookup_estimate(agreement), range(1, len(match) + 1), lambda n: 0.0)
         for name, head in self.heads.items():
-            if not allows(name) or not head.head.ready(n_past):
-                continue
-            a = self.head_alpha[name].value
-            for n in range(1, min(draft_max, self._longest(head)) + 1):
-                r = self.rate(a, n, self._head_step(name, n), n_past)
-                if r > best[2]:
-                    best = (name, n, r)
+            if allows(name) and head.head.ready(n_past):
+                weigh(name, self.head_alpha[name].value, range(1, min(draft_max, self._longest(head)) + 1),
+                      lambda n, name=name: self._head_step(name, n))
         if self.model is not None and self.draft_cost and allows("draft"):
-            a = self.model_alpha.value
-            for n in range(1, min(draft_max, self.model_max or draft_max) + 1):
-                r = self.rate(a, n, self.draft_cost, n_past)
-                if r > best[2]:
-                    best = ("draft", n, r)
-        source, n, rate = best
-        if source == "lookup":
+            weigh("draft", self.model_alpha.value, range(1, min(draft_max, self.model_max or draft_max) + 1),
+                  lambda n: self.draft_cost)
+            if match and len(match) < draft_max and self.model.continues_copies and allows(CONTINUED):
+                delivered = self.calibration(CONTINUED)
+                for k in range(1, min(draft_max - len(match), self.model_max or draft_max) + 1):
+                    r = self.continued_rate(self.lookup_estimate(agreement), len(match), k, n_past)
+                    if r * delivered > best[2]:
+                        best = (CONTINUED, len(match) + k, r * delivered, r)
+        source, n, rate, table_rate = best
+        if source == "lookup":  # judged by the estimate without the exploration bonus (which overshoots by design)
+            table_rate = self.rate(self.lookup_estimate(agreement, explore=0.0), n, 0.0, n_past)
             draft = Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement)
+        elif source == CONTINUED:
+            table_rate = self.continued_rate(self.lookup_estimate(agreement, explore=0.0), len(match), n - len(match), n_past)
+            p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
+            draft = self.model.propose(history, n - len(match), params, rng, noise=noise, p_min=p_min, after=match,
+                                       may_extend=lambda k: self.one_more_is_free(len(match) + k, n_past))
+            draft.agreement = agreement
         elif source in self.heads:
             draft = self.heads[source].propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
         elif source == "draft":
@@ -205,17 +222,59 @@ class AutoDrafter(Drafter):
             draft = self.model.propose(history, n, params, rng, noise=noise, p_min=p_min,
                                        may_extend=lambda k: self.one_more_is_free(k, n_past))
         else:
-            draft, rate = Draft(tokens=[], seconds=time.perf_counter() - start, source="target"), 1 / self.step_cost
-        draft.predicted_rate = rate
+            draft = Draft(tokens=[], seconds=time.perf_counter() - start, source="target")
+            rate, table_rate = plain * self.calibration("target"), plain
+        draft.predicted_rate, draft.table_rate = rate, table_rate
         return draft
 
-    def lookup_estimate(self, agreement: int) -> float:
+    # -- what each source delivers ------------------------------------------------------------
+    # The table predicts a round's tokens per second from acceptance estimates that take drafted positions as
+    # alike and from costs measured at load; a source's rounds may deliver more (a copy accepted to its end) or
+    # less (the draft's later positions, work between decodes the table does not see) than that. Each source's
+    # rounds are weighed by what its recent rounds delivered against what the table predicted of them, so that
+    # where one source delivers more than the others do, auto moves toward it within a few rounds, and back
+    # when the text changes (the correction of a source left idle fades back to the table).
+    delivered_prior = 6.0  # tokens' worth of belief in the table, per source
+    delivered_decay = 0.85  # per round of that source: about its last seven rounds
+    delivered_fade = 0.97  # per round of another source
+    delivered_clip = (0.6, 1.6)
+
+    def calibration(self, source: str) -> float:
+        """What the source's recent rounds delivered over what the table predicted of them (1: as predicted)."""
+        tokens, predicted = self.delivered.get(source, (0.0, 0.0))
+        ratio = (tokens + self.delivered_prior) / (predicted + self.delivered_prior)
+        return min(self.delivered_clip[1], max(self.delivered_clip[0], ratio))
+
+    def _learn_delivered(self, r: Round) -> None:
+        seconds = r.draft_seconds + r.target_seconds
+        if not r.draft.table_rate or seconds <= 0 or r.shared:
+            return
+        source = r.draft.source or r.source
+        for s, sums in self.delivered.items():
+            if s != source:
+                sums[0] *= self.delivered_fade
+                sums[1] *= self.delivered_fade
+        sums = self.delivered.setdefault(source, [0.0, 0.0])
+        sums[0] = sums[0] * self.delivered_decay + len(r.tokens)
+        sums[1] = sums[1] * self.delivered_decay + r.draft.table_rate * seconds
+
+    def continued_rate(self, a_copy: float, copied: int, k: int, n_past: int) -> float:
+        """Expected tokens per second of a round drafting a copy of `copied` tokens (each kept at about a_copy)
+        continued by k tokens of the draft model's past the copy's end (each kept at the model's rate, where the
+        copy was kept whole): the draft decodes the copy with what it catches up on (about a step) and drafts k."""
+        a_model, n = self.model_alpha.value, copied + k
+        expected = sum(a_copy ** j for j in range(copied + 1)) + a_copy ** copied * sum(a_model ** i for i in range(1, k + 1))
+        limit = self.verification.batch_limit(n_past + n + 1)
+        draft_seconds = (k + 1) * self.draft_cost / self.target_scale
+        return self.costs.round_speedup(expected, n, draft_seconds, limit, a_copy) / self.step_cost
+
+    def lookup_estimate(self, agreement: int, explore: float | None = None) -> float:
         """The acceptance a lookup draft of this agreement is planned with: its bucket's estimate with the exploration
         bonus, but no higher than any bucket of a longer agreement (with its bonus): a copy agreeing further back is
         never the worse bet, so where long copies fail in this text (a summary quoting its source, then writing its
         own words) the shorter ones are not each tried before they are believed to fail too."""
-        bucket = lookup_bucket(agreement)
-        return min(e.optimistic(self.explore) for m, e in self.lookup_alpha.items() if m >= bucket)
+        bucket, explore = lookup_bucket(agreement), self.explore if explore is None else explore
+        return min(e.optimistic(explore) for m, e in self.lookup_alpha.items() if m >= bucket)
 
     def p_min_for(self, n: int, n_past: int) -> float:
         """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,
@@ -244,7 +303,13 @@ class AutoDrafter(Drafter):
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
+            elif source == CONTINUED:  # the copy's tokens teach the copy's estimate, the model's the model's
+                copied = min(r.draft.copied, r.n_drafted)
+                self.lookup_alpha[lookup_bucket(r.draft.agreement)].update(min(r.n_accepted, copied), copied)
+                if r.n_accepted >= copied < r.n_drafted:
+                    self.model_alpha.update(r.n_accepted - copied, r.n_drafted - copied)
         self.watch.observe(r, 1 / self.step_cost)
+        self._learn_delivered(r)
         rows = r.n_drafted + 1
         if r.n_drafted and r.target_seconds > 0 and self.verification.batch_limit(r.n_past + rows) is None:
             self._learn_ties(r.ties_settled, r.n_accepted + 1)  # one batch judged with a margin: its rows used

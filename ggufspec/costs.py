@@ -169,9 +169,15 @@ class Costs:
     def speedup(self, alpha: float, n_draft: int, draft_step: float, verify_batch: int | None = None) -> float:
         """Expected speed-up over plain decoding of rounds drafting n_draft tokens at draft_step
         seconds each, verified in one batch or in batches of at most verify_batch."""
-        seconds = (n_draft * draft_step + self.verify_seconds(n_draft + 1, verify_batch, alpha)
+        return self.round_speedup(expected_tokens(alpha, n_draft), n_draft, n_draft * draft_step, verify_batch, alpha)
+
+    def round_speedup(self, expected: float, n_draft: int, draft_seconds: float, verify_batch: int | None,
+                      alpha: float) -> float:
+        """Expected speed-up over plain decoding of a round of n_draft drafted tokens made in draft_seconds that
+        yields `expected` tokens, its drafts accepted at about alpha (which verify chunks run, what rewinds cost)."""
+        seconds = (draft_seconds + self.verify_seconds(n_draft + 1, verify_batch, alpha)
                    + self.rewind_seconds(n_draft, alpha) + (0.0 if verify_batch else self.tie_seconds(n_draft + 1, alpha)))
-        return expected_tokens(alpha, n_draft) * self.target_token_seconds / seconds
+        return expected * self.target_token_seconds / seconds
 
     def best_length(self, alpha: float, draft_step: float, verify_batch: int | None = None,
                     draft_max: int = 8) -> tuple[float, int]:

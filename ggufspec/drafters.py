@@ -52,6 +52,7 @@ class ModelDrafter(Drafter):
     """
 
     name = "draft"
+    continues_copies = True  # propose(after=...) drafts on past tokens proposed before its own (a copy)
 
     def __init__(self, ctx: Target, *, p_min: float = 0.0, target_n_vocab: int | None = None):
         self.ctx = ctx
@@ -106,23 +107,29 @@ class ModelDrafter(Drafter):
 
     def propose(self, history: list[int], draft_max: int, params: SamplingParams, rng: np.random.Generator,
                 *, noise: PositionNoise | None = None, p_min: float | None = None,
-                may_extend: Callable[[int], bool] | None = None) -> Draft:
+                may_extend: Callable[[int], bool] | None = None, after: list[int] = ()) -> Draft:
         """As `Drafter.propose`; the draft stops at the first token it is less sure of than p_min (default:
         the drafter's own), unless may_extend(k) says a draft of k + 1 tokens verifies no dearer than one of
         k (CPU kernels take rows 2 or 4 at a time, so a batch of 4 can cost less than one of 3): then the
-        unsure token goes too, and the draft stops after it."""
+        unsure token goes too, and the draft stops after it. after: tokens proposed already (a copy the lookup
+        found): decoded with what the history adds, and up to draft_max tokens of the model's drafted past them
+        (the draft's tokens are `after` and the model's, its q one-hot on `after`'s)."""
         start = time.perf_counter()
         p_min = self.p_min if p_min is None else p_min
-        draft_max = min(draft_max, self.ctx.n_ctx - len(history))
+        after = list(after)
+        draft_max = min(draft_max, self.ctx.n_ctx - len(history) - len(after))
         if draft_max <= 0:
-            return Draft(tokens=[], source=self.name)
+            return Draft(tokens=after, source=f"lookup+{self.name}" if after else self.name, copied=len(after))
         pending = self._sync(history)
-        logits = self.ctx.decode(pending, logits="last")[0][: self.n_shared]
-        self._committed = len(self.kv_tokens)  # the whole history: later histories extend it
+        logits = self.ctx.decode(pending + self._own_history(after), logits="last")[0][: self.n_shared]
+        self._committed = len(self.kv_tokens) - len(after)  # the whole history: later histories extend it
         tokens, qs = draft_tokens(logits, lambda x: self.ctx.decode([x], logits="last")[0][: self.n_shared],
-                                  len(history), draft_max, params, rng, noise=noise, p_min=p_min,
+                                  len(history) + len(after), draft_max, params, rng, noise=noise, p_min=p_min,
                                   may_extend=may_extend, n_vocab=self.target_n_vocab)
-        return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
+        if after and qs is not None:
+            qs = [np.eye(1, self.target_n_vocab, t)[0] for t in after] + qs
+        return Draft(tokens=after + tokens, q=qs, seconds=time.perf_counter() - start,
+                     source=f"lookup+{self.name}" if after else self.name, copied=len(after))
 
 
 def draft_tokens(logits: np.ndarray, next_logits: Callable[[int], np.ndarray], n_history: int, draft_max: int,

@@ -93,6 +93,7 @@ class TextDrafter(ModelDrafter):
     """A draft model whose vocabulary is not the target's: proposals and q in the target's ids (see the module)."""
 
     name = "draft"
+    continues_copies = False
 
     def __init__(self, ctx: Target, bridge: Bridge, *, target_n_vocab: int, p_min: float = 0.0,
                  sampled_rule: str | None = None):

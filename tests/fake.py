@@ -146,3 +146,22 @@ class FakeBridge:
         pairs = [(d, self.target_texts.index(t)) for d, t in enumerate(self.draft_texts) if t and t in self.target_texts]
         ids = np.array(pairs, dtype=np.int64).reshape(-1, 2)
         return ids[:, 0], ids[:, 1]
+
+
+class ScriptTarget(FakeTarget):
+    """A model whose greedy text is a script, position by position, whatever was drafted before it: a text of
+    chosen passages (copied from the prompt, or new). As a draft, `wrong` holds the positions where it proposes
+    another token than the script's (the target's)."""
+
+    def __init__(self, script: list[int], n_vocab: int, *, wrong=(), clock: Clock | None = None, seconds=None):
+        super().__init__(n_vocab, n_ctx=len(script) + 16, n_batch=64, table=np.zeros((1, 1, 1)), clock=clock,
+                         seconds=seconds)
+        self.script, self.wrong = list(script), set(wrong)
+
+    def row(self, i: int) -> np.ndarray:
+        token = self.script[i + 1] if i + 1 < len(self.script) else 0
+        if i in self.wrong:
+            token = (token + 1) % self.n_vocab
+        logits = np.zeros(self.n_vocab)
+        logits[token] = 10.0
+        return logits

@@ -97,6 +97,22 @@ def test_footer_says_per_suite_what_auto_chose_and_its_predicted_against_measure
     for line in lines.values():  # 8 tokens: the first from the prompt's row, then rounds that add up to 7 or more
         counts = [int(n) for n in re.findall(r"(?:none|lookup|draft|mtp) (\d+)", line)]
         assert sum(counts) >= 2 * 2 and re.search(r"predicted [0-9.]+ tok/s, measured [0-9.]+", line), line
+        assert re.search(r": [0-9.]+x of the best fixed mode \(target, 1.00x\); rounds by source", line), line
+
+
+def test_auto_rows_stand_beside_the_fastest_fixed_mode_of_their_suite():
+    from ggufspec.bench.rows import beside_best_fixed
+
+    rows = [dict(_row("target", 10.0, 10, 10, "chat"), speedup=1.0), dict(_row("draft", 12.0, 12, 12, "chat"), speedup=1.2),
+            dict(_row("draft-alone", 40.0, 40, 40, "chat"), speedup=4.0),  # the draft's own text: no choice of a user's
+            dict(_row("auto", 11.4, 11, 12, "chat"), speedup=1.14),
+            dict(_row("target", 10.0, 10, 10, "fix"), speedup=1.0), dict(_row("lookup", 25.0, 25, 25, "fix"), speedup=2.5),
+            dict(_row("auto", 24.0, 24, 24, "fix"), speedup=2.4),
+            dict(_row("llama.cpp draft", 30.0, 30, 30, "fix"), speedup=3.0, reference=True)]  # not a mode of ours
+    beside_best_fixed(rows)
+    chat, fix = rows[3], rows[6]
+    assert (chat["best_fixed"], round(chat["vs_best_fixed"], 3)) == ("draft", 0.95)
+    assert (fix["best_fixed"], fix["best_fixed_speedup"], round(fix["vs_best_fixed"], 3)) == ("lookup", 2.5, 0.96)
 
 
 def _row(label, tps, low, high, group="all", repeats=2, mode=None):

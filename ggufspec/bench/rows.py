@@ -85,7 +85,22 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
             # the same expectation with the verify batch's measured cost instead of one step's
             row["predicted_speedup_costs"] = costs.speedup(alpha, config.draft_max, draft_cost, verification.batch_limit())
         out.append(row)
+    beside_best_fixed(out)
     return out
+
+
+def beside_best_fixed(rows_: list[dict]) -> None:
+    """Per group, each auto row beside the fastest fixed mode a user could have picked instead (the target alone
+    included; not the draft alone, whose text is the draft's): its label and speed-up, and auto's speed over it."""
+    for auto in (r for r in rows_ if r["mode"] == "auto" and not r.get("reference")):
+        fixed = [r for r in rows_ if r["group"] == auto["group"] and not r.get("reference")
+                 and (r["mode"] == "target" or r["mode"] in DRAFTING_MODES and r["mode"] != "auto")]
+        if not fixed:
+            continue
+        best = max(fixed, key=lambda r: (r["speedup"] or 0.0, r["tokens_per_second"]))
+        ratio = (auto["speedup"] / best["speedup"] if auto["speedup"] and best["speedup"]
+                 else auto["tokens_per_second"] / best["tokens_per_second"] if best["tokens_per_second"] else None)
+        auto.update(best_fixed=best["label"], best_fixed_speedup=best["speedup"], vs_best_fixed=ratio)
 
 
 def explain_divergences(rows_: list[dict], runs: list[Run], engine: Engine) -> None:
