@@ -177,7 +177,7 @@ class AutoDrafter(Drafter):
         n_past = len(history) - 1  # exactness ends at exact_kv, so what a batch costs depends on it
         # (source, length, rate as corrected by what the source's rounds delivered, the table's rate)
         plain = 1 / self.step_cost
-        best = ("target", 0, self.margin * plain * self.calibration("target"), plain)
+        best = ("target", 0, self.margin * plain, plain)
         allows = self.watch.allows
 
         def weigh(source: str, a: float, lengths: range, step) -> None:
@@ -223,37 +223,39 @@ class AutoDrafter(Drafter):
                                        may_extend=lambda k: self.one_more_is_free(k, n_past))
         else:
             draft = Draft(tokens=[], seconds=time.perf_counter() - start, source="target")
-            rate, table_rate = plain * self.calibration("target"), plain
+            rate, table_rate = plain, plain
         draft.predicted_rate, draft.table_rate = rate, table_rate
         return draft
 
     # -- what each source delivers ------------------------------------------------------------
     # The table predicts a round's tokens per second from acceptance estimates that take drafted positions as
-    # alike and from costs measured at load; a source's rounds may deliver more (a copy accepted to its end) or
-    # less (the draft's later positions, work between decodes the table does not see) than that. Each source's
-    # rounds are weighed by what its recent rounds delivered against what the table predicted of them, so that
-    # where one source delivers more than the others do, auto moves toward it within a few rounds, and back
-    # when the text changes (the correction of a source left idle fades back to the table).
+    # alike: a copy is often kept to its end, and a draft model's first tokens more often than its later ones,
+    # so a source's rounds may deliver more than predicted. Each drafting source is weighed up by what its recent
+    # rounds delivered over the table's forecast of them, so that where one source delivers more than the others,
+    # auto moves toward it within a few rounds; the credit of a source left idle fades back to the table's word,
+    # so when the text changes the choice follows. Never weighed down: a source judged below its forecast by a few
+    # unlucky rounds would go unused and never show otherwise (the guard pauses one that loses to plain decoding).
     delivered_prior = 6.0  # tokens' worth of belief in the table, per source
     delivered_decay = 0.85  # per round of that source: about its last seven rounds
     delivered_fade = 0.97  # per round of another source
-    delivered_clip = (0.6, 1.6)
+    delivered_most = 1.6
 
     def calibration(self, source: str) -> float:
-        """What the source's recent rounds delivered over what the table predicted of them (1: as predicted)."""
+        """What the source's recent rounds delivered over what the table predicted of them, at least 1."""
         tokens, predicted = self.delivered.get(source, (0.0, 0.0))
-        ratio = (tokens + self.delivered_prior) / (predicted + self.delivered_prior)
-        return min(self.delivered_clip[1], max(self.delivered_clip[0], ratio))
+        return min(self.delivered_most, max(1.0, (tokens + self.delivered_prior) / (predicted + self.delivered_prior)))
 
     def _learn_delivered(self, r: Round) -> None:
         seconds = r.draft_seconds + r.target_seconds
+        source = r.draft.source or r.source
         if not r.draft.table_rate or seconds <= 0 or r.shared:
             return
-        source = r.draft.source or r.source
         for s, sums in self.delivered.items():
             if s != source:
                 sums[0] *= self.delivered_fade
                 sums[1] *= self.delivered_fade
+        if source == "target":  # plain rounds deliver what the target's speed says (target_scale follows them)
+            return
         sums = self.delivered.setdefault(source, [0.0, 0.0])
         sums[0] = sums[0] * self.delivered_decay + len(r.tokens)
         sums[1] = sums[1] * self.delivered_decay + r.draft.table_rate * seconds
