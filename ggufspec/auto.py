@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .core import DRAFTING_MODES, HEAD_MODES, Draft, Round
-from .costs import MARGIN, MAX_BATCH, Costs
+from .costs import MARGIN, MAX_BATCH, Costs, expected_tokens
 from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
@@ -180,31 +180,32 @@ class AutoDrafter(Drafter):
         best = ("target", 0, self.margin * plain, plain)
         allows = self.watch.allows
 
-        def weigh(source: str, a: float, lengths: range, step) -> None:
+        def weigh(source: str, lengths: range, rate_of) -> None:
             nonlocal best
             delivered = self.calibration(source)
             for n in lengths:
-                r = self.rate(a, n, step(n), n_past)
+                r = rate_of(n)
                 if r * delivered > best[2]:
                     best = (source, n, r * delivered, r)
 
         longest_copy = min(draft_max, self.lookup_max or draft_max) if allows("lookup") else 0
         match, agreement = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0)
+        a_copy = self.lookup_estimate(agreement) if match else 0.0
         if match:
-            weigh("lookup", self.lookup_estimate(agreement), range(1, len(match) + 1), lambda n: 0.0)
+            weigh("lookup", range(1, len(match) + 1), lambda n: self.rate(a_copy, n, 0.0, n_past))
         for name, head in self.heads.items():
             if allows(name) and head.head.ready(n_past):
-                weigh(name, self.head_alpha[name].value, range(1, min(draft_max, self._longest(head)) + 1),
-                      lambda n, name=name: self._head_step(name, n))
+                a = self.head_alpha[name].value
+                weigh(name, range(1, min(draft_max, self._longest(head)) + 1),
+                      lambda n, name=name, a=a: self.rate(a, n, self._head_step(name, n), n_past))
         if self.model is not None and self.draft_cost and allows("draft"):
-            weigh("draft", self.model_alpha.value, range(1, min(draft_max, self.model_max or draft_max) + 1),
-                  lambda n: self.draft_cost)
+            a = self.model_alpha.value
+            weigh("draft", range(1, min(draft_max, self.model_max or draft_max) + 1),
+                  lambda n: self.rate(a, n, self.draft_cost, n_past))
             if match and len(match) < draft_max and self.model.continues_copies and allows(CONTINUED):
-                delivered = self.calibration(CONTINUED)
-                for k in range(1, min(draft_max - len(match), self.model_max or draft_max) + 1):
-                    r = self.continued_rate(self.lookup_estimate(agreement), len(match), k, n_past)
-                    if r * delivered > best[2]:
-                        best = (CONTINUED, len(match) + k, r * delivered, r)
+                copied = len(match)
+                weigh(CONTINUED, range(copied + 1, min(draft_max, copied + (self.model_max or draft_max)) + 1),
+                      lambda n: self.continued_rate(a_copy, copied, n - copied, n_past))
         source, n, rate, table_rate = best
         if source == "lookup":  # judged by the estimate without the exploration bonus (which overshoots by design)
             table_rate = self.rate(self.lookup_estimate(agreement, explore=0.0), n, 0.0, n_past)
@@ -214,7 +215,7 @@ class AutoDrafter(Drafter):
             p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
             draft = self.model.propose(history, n - len(match), params, rng, noise=noise, p_min=p_min, after=match,
                                        may_extend=lambda k: self.one_more_is_free(len(match) + k, n_past))
-            draft.agreement = agreement
+            draft.source, draft.agreement = CONTINUED, agreement
         elif source in self.heads:
             draft = self.heads[source].propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
         elif source == "draft":
@@ -264,11 +265,10 @@ class AutoDrafter(Drafter):
     def continued_rate(self, a_copy: float, copied: int, k: int, n_past: int) -> float:
         """Expected tokens per second of a round drafting a copy of `copied` tokens (each kept at about a_copy) and
         k of the draft model's past its end (the draft decodes the copy with its catch-up, about a step)."""
-        a_model, n = self.model_alpha.value, copied + k
-        expected = sum(a_copy ** j for j in range(copied + 1)) + a_copy ** copied * sum(a_model ** i for i in range(1, k + 1))
-        limit = self.verification.batch_limit(n_past + n + 1)
+        expected = expected_tokens(a_copy, copied) + a_copy ** copied * (expected_tokens(self.model_alpha.value, k) - 1)
+        limit = self.verification.batch_limit(n_past + copied + k + 1)
         draft_seconds = (k + 1) * self.draft_cost / self.target_scale
-        return self.costs.round_speedup(expected, n, draft_seconds, limit, a_copy) / self.step_cost
+        return self.costs.round_speedup(expected, copied + k, draft_seconds, limit, a_copy) / self.step_cost
 
     def lookup_estimate(self, agreement: int, explore: float | None = None) -> float:
         """The acceptance a lookup draft of this agreement is planned with: its bucket's estimate with the exploration

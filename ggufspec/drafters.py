@@ -119,7 +119,7 @@ class ModelDrafter(Drafter):
         after = list(after)
         draft_max = min(draft_max, self.ctx.n_ctx - len(history) - len(after))
         if draft_max <= 0:
-            return Draft(tokens=after, source=f"lookup+{self.name}" if after else self.name, copied=len(after))
+            return Draft(tokens=after, source=self.name, copied=len(after))
         pending = self._sync(history)
         logits = self.ctx.decode(pending + self._own_history(after), logits="last")[0][: self.n_shared]
         self._committed = len(self.kv_tokens) - len(after)  # the whole history: later histories extend it
@@ -128,8 +128,8 @@ class ModelDrafter(Drafter):
                                   may_extend=may_extend, n_vocab=self.target_n_vocab)
         if after and qs is not None:
             qs = [np.eye(1, self.target_n_vocab, t)[0] for t in after] + qs
-        return Draft(tokens=after + tokens, q=qs, seconds=time.perf_counter() - start,
-                     source=f"lookup+{self.name}" if after else self.name, copied=len(after))
+        return Draft(tokens=after + tokens, q=qs, seconds=time.perf_counter() - start, source=self.name,
+                     copied=len(after))
 
 
 def draft_tokens(logits: np.ndarray, next_logits: Callable[[int], np.ndarray], n_history: int, draft_max: int,
