@@ -22,6 +22,13 @@ prints one table, step by step inside a time budget, each step's rows saved as s
     python3 dev/gpu_figures.py run --bundle .devcarry --out $OUT  # there (device run, carry .devcarry)
     python dev/gpu_figures.py run --bin "$(../shared/tools/llama-cpp-reference)" --small   # a try on a CPU
 
+A Vulkan build works the same way (`--device Vulkan0`): bundle the folder that
+`LLAMA_CPP_REFERENCE_CMAKE_ARGS="-DGGML_VULKAN=ON ..." ../shared/tools/llama-cpp-reference` prints the parent of,
+and on an NVIDIA machine unpack the Vulkan loader first (libvulkan1 and the glvnd libraries as .deb files, see the
+device tool's README; `VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json`). `--tries N` runs
+each identity check, and llama.cpp's speculative-simple with the same draft, in N processes per placement (a crash
+that comes now and then needs several).
+
 The CUDA build BUILD_DIR, on a machine with nvcc (no GPU or driver needed; 26 minutes on 2 cores for one
 architecture): llama.cpp's source as ../shared/tools/llama-cpp-reference unpacks it (SRC), cuBLAS from the
 nvidia-cublas wheel where the toolkit has none (`pip download nvidia-cublas`, unzipped: CUBLAS), and a stub
@@ -40,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -52,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QWEN_VOCAB = 151_936
 PROGRAMS = ("llama-bench", "llama-speculative-simple")
 WHEELS = ("diskcache==5.6.3", "gguf==0.19.0", "tomlkit")  # what the GPU machine's image lacks of ours and llama_cpp's
+GREENLET = "greenlet==3.5.6"  # ggufspec's, compiled: one wheel for each Python
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
@@ -62,7 +71,7 @@ def bundle(build: Path, out: Path) -> None:
 
     bin_dir = build / "bin"
     out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out / "llama-cuda.tar.gz", "w:gz") as tar:
+    with tarfile.open(out / "llama.tar.gz", "w:gz") as tar:
         for f in sorted(bin_dir.iterdir()):
             if f.name.startswith("lib") and ".so" in f.name or f.name in PROGRAMS:
                 tar.add(f, arcname=f"llama/{f.name}")  # the .so links stay links
@@ -72,6 +81,10 @@ def bundle(build: Path, out: Path) -> None:
     (out / "whl").mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
                     str(out / "whl"), *WHEELS], check=True)
+    for version in ("3.12", "3.11"):  # greenlet is compiled: the GPU machine's Python and this one's (a try here)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
+                        str(out / "whl"), "--python-version", version, "--implementation", "cp",
+                        *(f"--platform=manylinux_2_{n}_x86_64" for n in (17, 24, 28)), GREENLET], check=True)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"{out}: {size / 2**20:.1f} MiB")
 
@@ -81,10 +94,11 @@ def unpack(src: Path, work: Path) -> tuple[Path, dict]:
     lib = work / "llama"
     site = work / "site"
     if not lib.exists():
-        with tarfile.open(src / "llama-cuda.tar.gz") as tar:
+        with tarfile.open(src / "llama.tar.gz") as tar:
             tar.extractall(work)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--target", str(site), *map(str, (src / "whl").glob("*.whl"))], check=True)
+                        "--find-links", str(src / "whl"), "--target", str(site),
+                        *(w.split("=")[0] for w in (*WHEELS, GREENLET))], check=True)
         shutil.copytree(src / "llama_cpp", site / "llama_cpp")
         (site / "llama_cpp" / "lib").symlink_to(lib)
     cuda_libs = [str(p) for p in (Path("/usr/local/cuda/lib64"),) if p.exists()]
@@ -220,17 +234,36 @@ def identity(run: Run, work: Path, tries: int = 2) -> None:
             same = all(v["greedy_same"] and v["seeded_same"] for x in ok for k, v in x.items() if k != "placement")
             acc = sum(v["accepted"] for x in ok[:1] for k, v in x.items() if k != "placement")
             placement = ok[0]["placement"] if ok else "-"
+            died = [str(x["exit"]) for x in results if "exit" in x]
+            text = ("none ran" if not ok else "greedy and seeded text " +
+                    ("the target alone's" if same else "DIFFERENT") + f"; {acc} accepted (first process)")
             run.say(f"- {kind}, -ngl {ngl} -ngld {ngld}, weights on {placement}: {len(ok)}/{len(results)} processes "
-                    f"ran; greedy and seeded text {'the target alone' + chr(39) + 's' if same else 'DIFFERENT'}; "
-                    f"{acc} accepted (first process)")
+                    f"ran{' (exits ' + ', '.join(died) + ')' if died else ''}; {text}")
         if kind != "mtp":
-            from ggufspec.bench.reference import speculative_simple
-            try:
-                ref = speculative_simple(run.bin, t, d, "def fib(n):", 96, 4, 512, 3, f"draft-{kind}")
-                run.say(f"- {kind}: llama.cpp's speculative-simple (its default placement) ran: "
-                        f"{ref['n_accepted']}/{ref['n_drafted']} accepted")
-            except Exception as exc:  # noqa: BLE001 - what llama.cpp did is the finding
-                run.say(f"- {kind}: llama.cpp's speculative-simple: {exc}")
+            reference(run, kind, t, d, tries)
+
+
+def reference(run: Run, kind: str, target: Path, draft: Path, tries: int) -> None:
+    """llama.cpp's own speculative-simple with the same draft on the same files, `tries` processes per placement
+    (-ngl/-ngld 99 for all of it on the device): how many ran, and what each that did not died of."""
+    cmd = [str(run.bin / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "--spec-type",
+           f"draft-{kind}", "-p", "def fib(n):", "-n", "96", "--spec-draft-n-max", "3", "-c", "512", "-t", "4",
+           "--temp", "0", "--ignore-eos"]
+    for ngl, ngld in PLACEMENTS if run.gpu else ((0, 0),):
+        ran, died, accepted = 0, [], "-"
+        for i in range(tries):
+            r = run.sh([*cmd, "-ngl", str(99 if ngl < 0 else ngl), "-ngld", str(99 if ngld < 0 else ngld)], 60,
+                       f"reference-{kind}-{ngl}-{ngld}-{i}")
+            if r is None:
+                break
+            if r.returncode == 0:
+                ran += 1
+                m = re.search(r"n_accept\s*=\s*(\d+)", r.stdout + r.stderr)
+                accepted = m.group(1) if m else accepted
+            else:
+                died.append(str(r.returncode))
+        run.say(f"- {kind}, llama.cpp's speculative-simple, -ngl {ngl} -ngld {ngld}: {ran}/{ran + len(died)} "
+                f"processes ran{' (exits ' + ', '.join(died) + ')' if died else ''}; {accepted} accepted")
 
 
 PROFILE = r"""
@@ -275,6 +308,8 @@ def main(argv=None) -> int:
     r.add_argument("--small", action="store_true", help="small shapes and fewer tokens: a try on a CPU")
     r.add_argument("-n", type=int, default=128, help="tokens per run")
     r.add_argument("--steps", default=",".join(STEPS[:-1]), help=f"which of {', '.join(STEPS)} to run")
+    r.add_argument("--device", default="CUDA0", help="the device llama.cpp must see (Vulkan0 for a Vulkan build)")
+    r.add_argument("--tries", type=int, default=2, help="processes per placement in the identity step")
     a = ap.parse_args(argv)
     if a.cmd == "bundle":
         bundle(a.build, a.out)
@@ -290,7 +325,7 @@ def main(argv=None) -> int:
                       {**os.environ, **env, "GPU_FIGURES_UNPACKED": "1"})
     sys.path[:0] = env["PYTHONPATH"].split(os.pathsep)
     smi = shutil.which("nvidia-smi")
-    run = Run(a.out, a.work, a.budget, env, bin_dir, gpu=bool(smi) and not a.small)
+    run = Run(a.out, a.work, a.budget, env, bin_dir, gpu=(bool(smi) or a.device != "CUDA0") and not a.small)
     start = time.monotonic()
     run.say("# ggufspec GPU figures")
     if smi:
@@ -300,11 +335,12 @@ def main(argv=None) -> int:
     r = run.ggufspec("doctor", cap=60, name="doctor")
     if r is not None:
         run.say("```\n" + "\n".join(r.stdout.strip().splitlines()[:14]) + "\n```")
-    if run.gpu and (r is None or "CUDA0" not in r.stdout):  # the build does not reach the GPU: say why, stop early
+    if run.gpu and (r is None or a.device not in r.stdout):  # the build does not reach the GPU: say why, stop early
         lib = Path(run.env["LD_LIBRARY_PATH"].split(os.pathsep)[0])
-        ldd = subprocess.run(["ldd", str(next(lib.glob("libggml-cuda.so*"), lib))], capture_output=True, text=True,
-                             env=run.env)
-        run.say(f"llama.cpp sees no CUDA device: stopping.\nLD_LIBRARY_PATH={run.env['LD_LIBRARY_PATH']}\n"
+        backend = a.device.rstrip("0123456789").lower()
+        ldd = subprocess.run(["ldd", str(next(lib.glob(f"libggml-{backend}.so*"), lib))], capture_output=True,
+                             text=True, env=run.env)
+        run.say(f"llama.cpp sees no {a.device}: stopping.\nLD_LIBRARY_PATH={run.env['LD_LIBRARY_PATH']}\n"
                 f"{ldd.stdout}{ldd.stderr}\n{r.stderr[-2000:] if r else ''}")
         return 1
 
@@ -314,7 +350,7 @@ def main(argv=None) -> int:
     steps = set(a.steps.split(","))
     if "identity" in steps:
         run.say("\n## Hidden-state drafts and MTP with the target on the GPU")
-        identity(run, a.work)
+        identity(run, a.work, a.tries)
     small = dict(n_layer=2, n_embd=512, n_ff=1024, n_vocab=8192, n_head=8, n_head_kv=2) if a.small else {}
     n = 32 if a.small else a.n
     standin = write_tiny_model(a.work / "standin.gguf", pad=QWEN_VOCAB - 354, n_embd=64, logit_scale=40.0)

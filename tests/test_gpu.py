@@ -136,11 +136,11 @@ def test_mtp_greedy_and_seeded_identity_on_the_device(gpu, tmp_path_factory, ngl
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_eagle3_and_dflash_identity_with_the_draft_on_the_device(gpu, tmp_path_factory, kind):
     """An EAGLE-3 / DFlash draft on the device following a target on the CPU: its drafts keep the target's greedy
-    and seeded text. With any of the target's layers on a Vulkan device, reading their inputs corrupts the heap in
-    this llama.cpp release (its own speculative-simple crashes too): one line instead, before any is read; on CUDA the
-    target's layers go there as well and the text stays the target's."""
+    and seeded text. With the target's layers on a hardware GPU (CUDA, a Vulkan driver) too, all of them or split,
+    three processes each; on Mesa's software Vulkan device lavapipe corrupts memory copying their inputs back (its
+    own speculative-simple crashes too): one line instead, before any is read."""
     from ggufspec.errors import GGUFSpecError
-    from ggufspec.llama.hidden import LAYER_INPUTS_COPY_BACK
+    from ggufspec.llama.devices import software_vulkan
     from tiny_hidden import read_target, write_tiny_dflash, write_tiny_eagle3, write_tiny_target
 
     d = tmp_path_factory.mktemp(f"{kind}-gpu")
@@ -155,15 +155,27 @@ def test_eagle3_and_dflash_identity_with_the_draft_on_the_device(gpu, tmp_path_f
         assert e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, seed=3, temperature=0.8,
                           ignore_eos=True).tokens == seeded
     for ngl in (-1, 2):
-        if gpu.startswith(LAYER_INPUTS_COPY_BACK):  # CUDA: the target's layers there too, the text still the target's
-            with Engine(target, draft, n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=-1) as e:
-                assert on_device(e.weights()["target"], gpu) > 0
-                greedy = e.generate("def fib(n):", max_tokens=32, mode="target", ignore_eos=True).tokens
-                assert e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, ignore_eos=True).tokens == greedy
+        if not software_vulkan():  # a hardware GPU: the target's layers there too, the text still the target's
+            for _ in range(3):  # the crash seen on llvmpipe came in most runs, not all: a process each
+                assert subprocess.run([sys.executable, "-c", HIDDEN_ON_DEVICE, str(target), str(draft), kind, str(ngl),
+                                       gpu], timeout=300).returncode == 0
             continue
-        with pytest.raises(GGUFSpecError, match=f"cannot copy back from {gpu} without corrupting memory: keep the "
-                                                r"target's layers on the CPU \(-ngl 0"):
+        with pytest.raises(GGUFSpecError, match=f"Mesa's software Vulkan device \\({gpu}, llvmpipe\\) corrupts "
+                                                r"memory copying back .*keep the target's layers on the CPU \(-ngl 0"):
             Engine(target, draft, n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=-1)
+
+
+HIDDEN_ON_DEVICE = """
+import sys
+from ggufspec.engine import Engine
+target, draft, kind, ngl, gpu = sys.argv[1:]
+with Engine(target, draft, n_ctx=512, n_gpu_layers=int(ngl), draft_n_gpu_layers=-1) as e:
+    assert e.weights()["target"].get(gpu, 0) > 0, e.weights()
+    for seed in (None, 3):
+        sampled = dict(seed=seed, temperature=0.8) if seed else {}
+        alone = e.generate("def fib(n):", max_tokens=32, mode="target", ignore_eos=True, **sampled).tokens
+        assert e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, ignore_eos=True, **sampled).tokens == alone
+"""
 
 
 def test_costs_are_measured_on_the_devices_kernels(gpu, tiny):

@@ -113,23 +113,26 @@ def test_cli_modes_and_spec_types(models):
     assert out.exit_code == 0 and "is a DFlash draft for llama.gguf: it reads the inputs of target layers 1, 3" in out.output
 
 
-@pytest.mark.parametrize("buffers, refused", [
-    ({"CPU_Mapped": 4.0}, None),
-    ({"CPU_Mapped": 1.0, "CUDA0": 3.0, "CUDA_Host": 0.1}, None),  # seen copying layer inputs back on an H100
-    ({"CPU_Mapped": 1.0, "Vulkan0": 3.0}, "Vulkan0"),  # malloc aborted at the first decode
-    ({"CPU_Mapped": 1.0, "RPC0[127.0.0.1:50052]": 3.0}, "RPC0[127.0.0.1:50052]")])
-def test_the_target_may_be_on_the_devices_seen_copying_layer_inputs_back(buffers, refused):
-    """The placements a hidden-state draft follows: the CPU and CUDA; another device (Vulkan, an RPC server) is one
-    line naming it, before any layer input is asked for (the CUDA case itself runs in dev/gpu_figures.py)."""
-    import re
+@pytest.mark.parametrize("buffers, software, refused", [
+    ({"CPU_Mapped": 4.0}, True, None),
+    ({"CPU_Mapped": 1.0, "CUDA0": 3.0, "CUDA_Host": 0.1}, False, None),  # an H100 (dev/gpu_figures.py)
+    ({"CPU_Mapped": 1.0, "Vulkan0": 3.0, "Vulkan_Host": 0.1}, False, None),  # the H100 through NVIDIA's Vulkan driver
+    ({"CPU_Mapped": 1.0, "RPC0[127.0.0.1:50052]": 3.0}, False, None),  # tests/test_rpc.py runs it
+    ({"CPU_Mapped": 1.0, "Vulkan0": 3.0}, True, "Vulkan0"),  # Mesa's llvmpipe corrupts memory (the GPU tier)
+    ({"CPU_Mapped": 4.0, "Vulkan_Host": 0.1}, True, None)])  # the target's layers all on the CPU
+def test_the_target_may_be_anywhere_but_on_a_software_vulkan_device(monkeypatch, buffers, software, refused):
+    """The placements a hidden-state draft follows: every device but Mesa's software Vulkan (llvmpipe), where
+    lavapipe corrupts memory copying layer inputs back (llama.cpp's own program alike): one line naming it, before
+    any layer input is asked for. The GPU tier runs the refusal on llvmpipe, a lent GPU the hardware cases."""
     from types import SimpleNamespace
 
     from ggufspec.errors import GGUFSpecError
-    from ggufspec.llama.hidden import check_target_on_host
+    from ggufspec.llama import hidden
 
+    monkeypatch.setattr(hidden, "software_vulkan", lambda: software)
     target, draft = SimpleNamespace(buffers=buffers), SimpleNamespace(path="eagle3.gguf")
     if refused is None:
-        check_target_on_host(target, draft, "EAGLE-3")
+        hidden.check_target_on_host(target, draft, "EAGLE-3")
     else:
-        with pytest.raises(GGUFSpecError, match=f"cannot copy back from {re.escape(refused)}"):
-            check_target_on_host(target, draft, "EAGLE-3")
+        with pytest.raises(GGUFSpecError, match=f"Mesa's software Vulkan device \\({refused}, llvmpipe\\) corrupts"):
+            hidden.check_target_on_host(target, draft, "EAGLE-3")

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
+from .devices import software_vulkan
 from .draft_fit import hidden_state_misfit
 from .heads import ROW_WINDOW, Follower, RowBatch, ext, follower_context
 from .runtime import C, decode_failed
@@ -121,25 +122,20 @@ def check_layer_ids(target_model, draft_model, ids: list[int], width_key: str) -
         raise GGUFSpecError(f"{draft_model.path} cannot draft for {target_model.path}: {misfit}")
 
 
-# Devices whose copies of a target's layer inputs back to the host have been seen to work in this llama.cpp release:
-# CUDA (an H100: greedy and seeded text the target's with the target all there, split with the CPU, and the draft
-# on either; dev/gpu_figures.py), besides the CPU. Elsewhere the copy has corrupted the heap (Vulkan).
-LAYER_INPUTS_COPY_BACK = ("CUDA",)
-
-
 def check_target_on_host(target_model, draft_model, what: str) -> None:
-    """One line where the target's layers are on a device whose layer inputs this llama.cpp release has not been
-    seen to copy back safely (Vulkan, an RPC server; not CUDA): reading them there corrupted the heap
-    (`llama_context::extract_layer_inputs` copies them asynchronously; Vulkan: malloc's "unsorted double linked
-    list corrupted" at the first decode, with any of the target's layers on the device, whether the draft is there
-    or not). Checked before any layer input is asked for."""
-    on_device = sorted(name for name in target_model.buffers
-                       if not (name.startswith(("CPU", *LAYER_INPUTS_COPY_BACK)) or name.endswith("_Host")))
-    if on_device:
-        raise GGUFSpecError(f"{draft_model.path}: {what} drafts read the target's layer inputs, which this llama.cpp "
-                            f"release cannot copy back from {on_device[0]} without corrupting memory: keep the target's "
-                            f"layers on the CPU (-ngl 0; the draft may use the GPU, -ngld), or use --mode mtp, draft "
-                            f"or lookup")
+    """One line where the target's layers are on Mesa's software Vulkan device (llvmpipe), before any layer input
+    is asked for: there, with a hidden-state draft beside the target, lavapipe corrupts memory in its own queue
+    thread (malloc's "corrupted double-linked list", or a SEGV reading near address 0), llama.cpp's own
+    speculative-simple alike, in most runs. The same files keep the target's greedy and seeded text with the
+    target's layers on the CPU, a CUDA GPU, an RPC server or a hardware Vulkan driver (an H100 through NVIDIA's;
+    docs/guarantees.md), so nothing else is refused."""
+    on_software = sorted(name for name in target_model.buffers if name.startswith("Vulkan") and not
+                         name.endswith("_Host") and software_vulkan())
+    if on_software:
+        raise GGUFSpecError(f"{draft_model.path}: {what} drafts read the target's layer inputs, which Mesa's software "
+                            f"Vulkan device ({on_software[0]}, llvmpipe) corrupts memory copying back (llama.cpp's own "
+                            f"program alike): keep the target's layers on the CPU (-ngl 0; the draft may use the "
+                            f"device, -ngld), or use --mode mtp, draft or lookup; a hardware GPU's driver runs it")
 
 
 def extract_layers(follower, on: bool) -> None:
