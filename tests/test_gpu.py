@@ -141,7 +141,7 @@ def test_eagle3_and_dflash_identity_with_the_draft_on_the_device(gpu, tmp_path_f
     own speculative-simple crashes too): one line instead, before any is read."""
     from ggufspec.errors import GGUFSpecError
     from ggufspec.llama.devices import software_vulkan
-    from tiny_hidden import read_target, write_tiny_dflash, write_tiny_eagle3, write_tiny_target
+    from tiny_hidden import identity_in_a_process, read_target, write_tiny_dflash, write_tiny_eagle3, write_tiny_target
 
     d = tmp_path_factory.mktemp(f"{kind}-gpu")
     target = write_tiny_target(d / "target.gguf")
@@ -157,25 +157,11 @@ def test_eagle3_and_dflash_identity_with_the_draft_on_the_device(gpu, tmp_path_f
     for ngl in (-1, 2):
         if not software_vulkan():  # a hardware GPU: the target's layers there too, the text still the target's
             for _ in range(3):  # the crash seen on llvmpipe came in most runs, not all: a process each
-                assert subprocess.run([sys.executable, "-c", HIDDEN_ON_DEVICE, str(target), str(draft), kind, str(ngl),
-                                       gpu], timeout=300).returncode == 0
+                identity_in_a_process(target, draft, kind, gpu, n_gpu_layers=ngl, draft_n_gpu_layers=-1)
             continue
         with pytest.raises(GGUFSpecError, match=f"Mesa's software Vulkan device \\({gpu}, llvmpipe\\) corrupts "
                                                 r"memory copying back .*keep the target's layers on the CPU \(-ngl 0"):
             Engine(target, draft, n_ctx=512, n_gpu_layers=ngl, draft_n_gpu_layers=-1)
-
-
-HIDDEN_ON_DEVICE = """
-import sys
-from ggufspec.engine import Engine
-target, draft, kind, ngl, gpu = sys.argv[1:]
-with Engine(target, draft, n_ctx=512, n_gpu_layers=int(ngl), draft_n_gpu_layers=-1) as e:
-    assert e.weights()["target"].get(gpu, 0) > 0, e.weights()
-    for seed in (None, 3):
-        sampled = dict(seed=seed, temperature=0.8) if seed else {}
-        alone = e.generate("def fib(n):", max_tokens=32, mode="target", ignore_eos=True, **sampled).tokens
-        assert e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, ignore_eos=True, **sampled).tokens == alone
-"""
 
 
 def test_costs_are_measured_on_the_devices_kernels(gpu, tiny):

@@ -127,9 +127,9 @@ def test_the_target_may_be_anywhere_but_on_a_software_vulkan_device(monkeypatch,
     from types import SimpleNamespace
 
     from ggufspec.errors import GGUFSpecError
-    from ggufspec.llama import hidden
+    from ggufspec.llama import devices, hidden
 
-    monkeypatch.setattr(hidden, "software_vulkan", lambda: software)
+    monkeypatch.setattr(devices, "software_vulkan", lambda: software)
     target, draft = SimpleNamespace(buffers=buffers), SimpleNamespace(path="eagle3.gguf")
     if refused is None:
         hidden.check_target_on_host(target, draft, "EAGLE-3")

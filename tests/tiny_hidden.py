@@ -21,6 +21,9 @@ token_embd and output, so their contexts need no ctx_other. Nothing here is copi
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +185,33 @@ def write_tiny_dflash(path, target, *, layers=(1, 3), block_size: int = 8, seed:
         writer.add_tensor(f"blk.{i}.ffn_up.weight", w(n_ff, n_embd))
         writer.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff) * np.float32(noise * 4))
     return _write(writer, Path(path))
+
+
+IDENTITY_CHILD = """
+import json, sys
+from ggufspec.engine import Engine
+target, draft, kind, on, engine = sys.argv[1:]
+accepted = []
+with Engine(target, draft, n_ctx=512, **json.loads(engine)) as e:
+    assert sum(mib for k, mib in e.weights()["target"].items() if k.startswith(on)) > 0, e.weights()
+    for sampled in ({}, {"seed": 3, "temperature": 0.8}):
+        alone = e.generate("def fib(n):", max_tokens=32, mode="target", ignore_eos=True, **sampled).tokens
+        out = e.generate("def fib(n):", max_tokens=32, mode=kind, draft_max=3, ignore_eos=True, **sampled)
+        assert out.tokens == alone, (kind, sampled)
+        accepted.append(out.stats.n_accepted)
+print(json.dumps(accepted))
+"""
+
+
+def identity_in_a_process(target, draft, kind: str, on: str, *, env=None, timeout: float = 300, **engine) -> list[int]:
+    """`kind` (eagle3, dflash) drafting with `draft` for `target` in a process of its own (a crash is that
+    process's, and an RPC server gone later leaves ggml's device behind only there), with the Engine's placement
+    `engine`: the target's weights partly in buffers named `on`, greedy and seeded text the target's own.
+    Returns the accepted counts (greedy, seeded)."""
+    r = subprocess.run([sys.executable, "-c", IDENTITY_CHILD, str(target), str(draft), kind, on, json.dumps(engine)],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

@@ -58,11 +58,15 @@ def share_elsewhere(buffers: dict[str, float]) -> float:
     CUDA_Host and the like are this machine's memory; a software Vulkan device runs on the CPU), so loading a
     model asks ggml nothing more of its devices."""
     def elsewhere(name: str) -> bool:
-        if name.startswith("CPU") or name.endswith("_Host"):
-            return False
-        return not (name.startswith("Vulkan") and software_vulkan())
+        return not (name.startswith("CPU") or name.endswith("_Host") or on_software_device(name))
     total = sum(buffers.values())
     return sum(mib for name, mib in buffers.items() if elsewhere(name)) / total if total else 0.0
+
+
+def on_software_device(buffer: str) -> bool:
+    """Whether a buffer llama.cpp named (Vulkan0, Vulkan_Host, CPU_Mapped, ...) holds weights on a software Vulkan
+    device (`software_vulkan`): Vulkan's host buffers are this machine's memory on any device."""
+    return buffer.startswith("Vulkan") and not buffer.endswith("_Host") and software_vulkan()
 
 
 def is_software(description: str) -> bool:

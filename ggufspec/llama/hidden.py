@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
-from .devices import software_vulkan
+from .devices import on_software_device
 from .draft_fit import hidden_state_misfit
 from .heads import ROW_WINDOW, Follower, RowBatch, ext, follower_context
 from .runtime import C, decode_failed
@@ -129,8 +129,7 @@ def check_target_on_host(target_model, draft_model, what: str) -> None:
     speculative-simple alike, in most runs. The same files keep the target's greedy and seeded text with the
     target's layers on the CPU, a CUDA GPU, an RPC server or a hardware Vulkan driver (an H100 through NVIDIA's;
     docs/guarantees.md), so nothing else is refused."""
-    on_software = sorted(name for name in target_model.buffers if name.startswith("Vulkan") and not
-                         name.endswith("_Host") and software_vulkan())
+    on_software = sorted(name for name in target_model.buffers if on_software_device(name))
     if on_software:
         raise GGUFSpecError(f"{draft_model.path}: {what} drafts read the target's layer inputs, which Mesa's software "
                             f"Vulkan device ({on_software[0]}, llvmpipe) corrupts memory copying back (llama.cpp's own "
