@@ -4,9 +4,8 @@ Leviathan et al. (2023), section 3.4: with acceptance rate a, a draft of n token
 E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass. Dividing by what the round costs
 here (n draft steps plus the verify batch, from the measured cost table, in bit-exact batches cut short
 at the first rejection when verification is exact; see `costs`) gives expected tokens per
-second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no
-draft, a prompt-lookup draft (its alpha tracked by how far back the match agrees with the
-history), or the draft model.
+second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no draft,
+a prompt-lookup draft (its alpha tracked by how far back the match agrees with the history), or the draft model.
 Acceptance estimates are updated from every round, so the choice follows the text; lookup's
 carry an exploration bonus (UCB), so a kind of match is tried before it is written off. Costs keep
 the shape measured at load (what a batch of n costs relative to one step, what a draft step
@@ -75,9 +74,8 @@ class AutoDrafter(Drafter):
     margin = MARGIN
     # How far one round's timing may move a cost scale: observations are clipped to this factor.
     clip = 1.5
-    # Exploration bonus on lookup's acceptance estimates (0.11 for an untried bucket, 0.02 after
-    # ~50 observations): without it the buckets whose prior says "does not pay" never learn that
-    # in this text (a copy of the prompt) they do.
+    # Exploration bonus on lookup's acceptance estimates (0.11 for an untried bucket, 0.02 after ~50 observations):
+    # without it the buckets whose prior says "does not pay" never learn that in this text (a copy of the prompt) they do.
     explore = 0.15
 
     def __init__(self, verification: Verification, costs: Costs, *, lookup: LookupDrafter,
@@ -86,8 +84,9 @@ class AutoDrafter(Drafter):
         self.verification = verification  # how rounds are verified (which batches, up to which cache length)
         self.measured = self.costs = costs  # what decoding costs here (measured at load; costs: as corrected now)
         # What a verified row beyond the first costs now over what the table says: the table is measured in a short
-        # cache, and in a long one every row attends to every cached token (a batch there costs more steps). Learnt
-        # from each timed verify, fast: a round that shows batches dearer must stop the next round drafting.
+        # cache, and in a long one every row attends to every cached token (a batch there costs more steps): from the
+        # table's measured depth at first (reset), then from each timed verify, fast (a round that shows batches
+        # dearer must stop the next round drafting).
         self.extra_rows = 1.0
         # Past exact_kv a round is one batch whose rows are judged with a margin, and a near-tie is decoded again:
         # (ties, rows judged) seen, decayed, from a prior (none where no margin is kept)
@@ -141,6 +140,7 @@ class AutoDrafter(Drafter):
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self.lookup.reset(prompt_tokens)
+        self._set_extra_rows(max(self.extra_rows, self.measured.rows_at(len(prompt_tokens))))  # a long prompt's rows
         if self.model is not None:
             # With the prompt, as in draft mode, where the model may pay (the prompt's time, not the first
             # round's); elsewhere lazily: the draft catches up only if and when it is used.
@@ -321,8 +321,8 @@ class AutoDrafter(Drafter):
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
             if rows > 1:
                 self._learn_extra_rows(r.target_seconds, rows)
-            elif self.extra_rows > 1.0:  # undrafted rounds teach nothing of batches: what one stall taught fades
-                self._set_extra_rows(1.0 + (self.extra_rows - 1.0) * self.extra_rows_fade)
+            elif self.extra_rows > (floor := self.measured.rows_at(r.n_past)):  # undrafted rounds teach nothing of
+                self._set_extra_rows(floor + (self.extra_rows - floor) * self.extra_rows_fade)  # batches: a stall fades
 
     # How far one verify may move extra_rows, and how much of the way it goes: a batch dearer than the table is
     # believed at once (drafting on would lose every round), a cheaper one more slowly (one fast batch is no trend).

@@ -90,7 +90,11 @@ class Costs:
     # near-tie, which verification decodes again by itself (and, where that confirms the draft, the rows after it
     # again): learnt per generation by auto (0: the table alone, as measured)
     tie_rate: float = 0.0
+    # (cached tokens, extra rows there): a verified row beyond the first, with that many tokens cached, costs this
+    # many times what the table says (measured in a nearly empty cache); None: not measured (see rows_at)
+    deep_rows: tuple[int, float] | None = None
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
+    _rounds: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see round_seconds
 
     def corrected(self, extra_rows: float, tie_rate: float = 0.0) -> "Costs":
         """This table with every verified row beyond the first costing `extra_rows` times what was measured (a
@@ -100,6 +104,15 @@ class Costs:
         one = self.target_batch_seconds[0]
         scaled = [one + max(0.0, extra_rows * (s - one)) for s in self.target_batch_seconds]
         return replace(self, target_batch_seconds=scaled, tie_rate=tie_rate)
+
+    def rows_at(self, n_kv: int) -> float:
+        """What a verified row beyond the first costs over the table's figure with n_kv tokens cached (auto's first
+        guess of its extra_rows there): each row attends to every cached token, so its cost grows about linearly
+        with the cache, as the measured depth shows; at least 1 (a cache never makes rows cheaper)."""
+        if not self.deep_rows:
+            return 1.0
+        kv, extra = self.deep_rows
+        return 1.0 + max(0.0, extra - 1.0) * n_kv / kv
 
     def tie_seconds(self, n: int, alpha: float) -> float:
         """Expected seconds a round verifying n rows in one batch spends on near-ties: row j is judged where the j
@@ -175,9 +188,22 @@ class Costs:
                       alpha: float) -> float:
         """Expected speed-up over plain decoding of a round of n_draft drafted tokens made in draft_seconds that
         yields `expected` tokens, its drafts accepted at about alpha (which verify chunks run, what rewinds cost)."""
-        seconds = (draft_seconds + self.verify_seconds(n_draft + 1, verify_batch, alpha)
-                   + self.rewind_seconds(n_draft, alpha) + (0.0 if verify_batch else self.tie_seconds(n_draft + 1, alpha)))
-        return expected * self.target_token_seconds / seconds
+        return expected * self.target_token_seconds / (draft_seconds + self.round_seconds(n_draft, verify_batch, alpha))
+
+    def round_seconds(self, n_draft: int, verify_batch: int | None, alpha: float) -> float:
+        """Expected seconds the target spends on a round of n_draft drafts accepted at about alpha: its verify
+        batches, its rewinds and (in one batch past the exact cache) its near-ties. Remembered per table: auto
+        weighs every length of every source each round, with the same few alphas round after round, and a
+        round's planning must stay small beside a GPU's step of a few milliseconds."""
+        key = (n_draft, verify_batch, alpha)
+        seconds = self._rounds.get(key)
+        if seconds is None:
+            if len(self._rounds) >= 4096:
+                self._rounds.clear()
+            seconds = self._rounds[key] = (
+                self.verify_seconds(n_draft + 1, verify_batch, alpha) + self.rewind_seconds(n_draft, alpha)
+                + (0.0 if verify_batch else self.tie_seconds(n_draft + 1, alpha)))
+        return seconds
 
     def best_length(self, alpha: float, draft_step: float, verify_batch: int | None = None,
                     draft_max: int = 8) -> tuple[float, int]:

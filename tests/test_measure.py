@@ -12,7 +12,7 @@ import pytest
 from clirun import run
 
 
-@pytest.mark.parametrize("damage", ["a string", "missing key", "list", "zeros", "null exact", "rollback"])
+@pytest.mark.parametrize("damage", ["a string", "missing key", "list", "zeros", "null exact", "rollback", "deep rows"])
 def test_a_damaged_cost_entry_is_measured_again_and_doctor_names_the_file(tiny, damage):
     from ggufspec.paths import costs_file
 
@@ -27,6 +27,8 @@ def test_a_damaged_cost_entry_is_measured_again_and_doctor_names_the_file(tiny, 
             cache[key] = []
         elif damage == "rollback":  # a target entry's rewind costs of the wrong shape (the draft's: no such key)
             cache[key] = {**cache[key], "rollback": {"state_bytes": "x", "kept": 0}, "token_seconds": -1}
+        elif damage == "deep rows":  # the rows' cost deep in the cache, of the wrong shape
+            cache[key] = {**cache[key], "deep_rows": ["x", -1], "token_seconds": -1}
         elif damage == "zeros":
             cache[key] = {**cache[key], "target_batch_seconds": [0.0] * 9, "token_seconds": 0}
         else:
@@ -60,7 +62,7 @@ def test_doctor_shows_only_the_measurements_a_run_would_read(tiny, tmp_path):
 
 
 def test_a_full_disk_leaves_no_temporary_cost_file(tiny, monkeypatch):
-    from ggufspec.llama import measure as costs
+    from ggufspec.llama import cost_cache as costs
     from ggufspec.paths import costs_file
 
     def full(self, data, *a, **kw):
@@ -97,6 +99,8 @@ def test_a_table_measured_in_a_small_context_is_measured_again_in_a_larger_one(t
     assert len(small.target_batch_seconds) == 4 and n == 1  # -c 20: room for batches of 4
     large, n = measured(tiny, n_ctx=4096)
     assert len(large.target_batch_seconds) == 64 and n == 1  # not the 4-row table: measured again
+    # what rows cost deep in the cache: none measured where the context is too short, at 512 tokens where it is not
+    assert small.deep_rows is None and large.deep_rows[0] == 512 and 0 <= large.deep_rows[1] < 100
     again, n = measured(tiny, n_ctx=20)
     assert n == 0 and len(again.target_batch_seconds) == 64  # the larger table serves the smaller context
     assert measured(tiny, n_ctx=4096)[1] == 0
@@ -105,12 +109,12 @@ def test_a_table_measured_in_a_small_context_is_measured_again_in_a_larger_one(t
 def test_entries_written_by_another_process_while_measuring_are_kept(tiny, monkeypatch):
     """Two `ggufspec costs --refresh` at once: the cache's writers merge under a lock instead of each
     writing back what it read before measuring."""
-    from ggufspec.llama import measure
+    from ggufspec.llama import cost_cache, measure
 
     real = measure.measure_target
 
     def meanwhile(ctx, *a, **k):
-        measure._update_cache({"another model|draft": {"token_seconds": 0.5}})  # another process saves first
+        cost_cache._update_cache({"another model|draft": {"token_seconds": 0.5}})  # another process saves first
         return real(ctx, *a, **k)
 
     monkeypatch.setattr(measure, "measure_target", meanwhile)
@@ -143,8 +147,8 @@ def test_writers_at_once_keep_every_entry(tmp_path):
     import sys
 
     env = {**os.environ, "GGUFSPEC_COSTS_FILE": str(tmp_path / "costs.json")}
-    code = ("import sys, time; from ggufspec.llama import measure; time.sleep(max(0, float(sys.argv[2]) - time.time()));"
-            " measure._update_cache({f'model {sys.argv[1]}|draft': {'token_seconds': 0.5}})")
+    code = ("import sys, time; from ggufspec.llama import cost_cache; time.sleep(max(0, float(sys.argv[2]) - time.time()));"
+            " cost_cache._update_cache({f'model {sys.argv[1]}|draft': {'token_seconds': 0.5}})")
     start = time.time() + 2
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(start)], env=env) for i in range(8)]
     assert [p.wait(timeout=60) for p in procs] == [0] * 8
@@ -228,14 +232,14 @@ def test_a_table_from_a_busier_moment_is_measured_again(tiny, capfd):
     """A table cached while the machine was busy (here: every batch 500 ms, where the tiny target decodes in well
     under a millisecond) would put auto's choices and every footer's figures off by that factor: at load a few
     one-token steps are timed, and a table off by 1.5x or more is measured again, the draft's step too, and cached."""
-    from ggufspec.llama import measure
+    from ggufspec.llama import cost_cache, measure
 
     first, n = measured(tiny)
     assert n == 1
     cache = measure.load_cache()
-    (key,) = [k for k in cache if not measure.is_step_key(k)]
+    (key,) = [k for k in cache if not cost_cache.is_step_key(k)]
     cache[key]["target_batch_seconds"] = [0.5] * len(cache[key]["target_batch_seconds"])
-    measure._save_cache(cache)
+    cost_cache._save_cache(cache)
     capfd.readouterr()
     again, n = measured(tiny)
     assert n == 1 and again.target_batch_seconds[0] < 0.01
@@ -245,7 +249,7 @@ def test_a_table_from_a_busier_moment_is_measured_again(tiny, capfd):
 
 
 def test_a_draft_step_from_a_busier_moment_is_measured_again(tiny, capfd):
-    from ggufspec.llama import measure
+    from ggufspec.llama import cost_cache, measure
     from ggufspec.llama.backend import Context, Model
 
     def draft_step():
@@ -257,7 +261,7 @@ def test_a_draft_step_from_a_busier_moment_is_measured_again(tiny, capfd):
     cache = measure.load_cache()
     (key,) = [k for k in cache if k.endswith("|draft")]
     cache[key]["token_seconds"] = 0.5
-    measure._save_cache(cache)
+    cost_cache._save_cache(cache)
     capfd.readouterr()
     assert draft_step() < 0.01 and "measuring them again" in capfd.readouterr().err
     assert measure.load_cache()[key]["token_seconds"] < 0.01

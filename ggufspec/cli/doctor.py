@@ -7,7 +7,8 @@ import sys
 
 from ..llama import backend, devices, runtime, system
 from ..costs import Costs
-from ..llama.measure import bad_entries, cache_problem, is_current, is_step_key, load_cache
+from ..llama.cost_cache import bad_entries, cache_problem, is_step_key, load_cache
+from ..llama.measure import is_current
 from ..verification import Verification
 from ..paths import costs_file, models_dir
 

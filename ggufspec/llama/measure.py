@@ -11,26 +11,23 @@ A table serves a context only if it reaches as far as that context can use (its 
 lengths checked for exactness): one measured in a small context is measured again in a larger one.
 A table that does not make sense (a batch of more tokens far cheaper than one of fewer, a one-token
 step that takes another time when timed again: a machine busy with something else) is measured
-again, and one that stays so is used for this run only, not cached. Writers of the cache take a lock
-and merge into what is there now, so two processes measuring at once both keep their entries.
+again, and one that stays so is used for this run only, not cached. The file itself is `cost_cache`'s.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, fields
 
 import numpy as np
 
 from .backend import Context, machine
+from .cost_cache import load_cache, _update_cache, valid_draft_entry, valid_target_entry
 from .head_costs import head_key, measure_head_step, probe_tokens as _probe_tokens
-from .runtime import warn, warn_once
+from .runtime import warn
 from .system import say_if_shared
 from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs, Rollback
-from ..paths import costs_file
 
 
 def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -> tuple[list[float], int, int | None]:
@@ -88,6 +85,28 @@ def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> int:
     return exact
 
 
+def measure_deep_rows(ctx: Context, seconds: list[float], repeats: int = 3) -> list | None:
+    """[cached tokens, extra rows there]: what a batch's rows beyond its first cost with LONG_KV tokens cached, over
+    what they cost in the table's nearly empty cache (every row attends to every cached token: auto plans a long
+    prompt's rounds with it, `Costs.rows_at`). None where the context or the table is too short. Leaves it empty."""
+    rows = min(len(seconds), EXACT_MAX)
+    kv = min(LONG_KV, ctx.n_ctx - rows - 1)
+    if rows < 2 or kv < KV_CHECKPOINTS[0] or seconds[rows - 1] <= seconds[0]:
+        return None
+    tokens = _probe_tokens(ctx, kv + rows)
+    ctx.clear()
+    ctx.decode(tokens[:kv], logits="none")
+    best = {1: float("inf"), rows: float("inf")}
+    for _ in range(repeats):
+        for b in best:
+            ctx.truncate(kv)
+            start = time.perf_counter()
+            ctx.decode(tokens[kv:kv + b], logits="all")
+            best[b] = min(best[b], time.perf_counter() - start)
+    ctx.clear()
+    return [kv, max(0.0, best[rows] - best[1]) / (seconds[rows - 1] - seconds[0])]
+
+
 def measure_rollback(ctx: Context, repeats: int = 5) -> dict | None:
     """What a rewind costs where the memory cannot be cut (None where it can): the recurrent state's size,
     the seconds to save it (before every verify batch) and to restore it and cut the attention part (at every
@@ -132,7 +151,7 @@ def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
 
 
 # What this version measures, in every key: entries of other versions are never read (measured again).
-_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}"
+_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}|deep"
 
 
 def _key(ctx: Context) -> str:
@@ -187,7 +206,8 @@ def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
     if not ok:
         warn(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
     entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "kv_reach": reach(ctx)[1],
-             "rollback": measure_rollback(ctx), "machine": machine()["summary"]}
+             "deep_rows": measure_deep_rows(ctx, seconds), "rollback": measure_rollback(ctx),
+             "machine": machine()["summary"]}
     return entry, ok
 
 
@@ -218,132 +238,6 @@ def is_current(key: str) -> bool:
     except OSError:
         return False
     return parts[1:3] == [str(st.st_size), str(st.st_mtime_ns)]
-
-
-def read_cache() -> tuple[dict, str | None]:
-    """Every cached entry, this machine's and others' (keys end in `machine <id>`), and why the file cannot be
-    read as a cache (None: it can, or there is none yet)."""
-    try:
-        raw = costs_file().read_bytes()
-    except (FileNotFoundError, NotADirectoryError):  # no cache yet (whether one can be written is another question)
-        return {}, None
-    except OSError as e:
-        return {}, f"cannot be read ({e.strerror})"
-    try:
-        data = json.loads(raw)
-    except ValueError:  # cut short, binary, not UTF-8
-        return {}, "is not JSON (cut short, or not a cache at all)"
-    if not isinstance(data, dict):
-        return {}, f"holds a JSON {type(data).__name__}, not a table of entries"
-    return data, None
-
-
-def load_cache() -> dict:
-    return read_cache()[0]
-
-
-def cache_problem() -> tuple[str, str] | None:
-    """(what is wrong, its fix) where the cost cache cannot serve (a file that cannot be read) or keep what is
-    measured (a read-only one); None where it can."""
-    path = costs_file()
-    unreadable = read_cache()[1]
-    if unreadable:
-        return (f"the cost cache {path} {unreadable}: none of its measurements can be used",
-                "none needed: the next run that measures moves it aside (costs.json.unreadable-DATE) and starts anew")
-    unwritable = _cannot_write(path)
-    if unwritable:
-        return (f"the cost cache {path} cannot be written ({unwritable}): nothing measured is kept, so every run "
-                "measures again", "make it and its folder writable, or set GGUFSPEC_COSTS_FILE to a writable file")
-    return None
-
-
-def _cannot_write(path) -> str | None:
-    """Why the cache file cannot be written (None: it can), found by trying: opened to append (nothing written), and
-    a temporary file made beside it; mode bits alone do not say (root, immutable files, read-only mounts)."""
-    try:
-        if path.exists():
-            open(path, "ab").close()
-        folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        return e.strerror or str(e)
-    return None
-
-
-def _save_cache(data: dict) -> str | None:
-    """Write the cache; None, or why it could not be written (leaving no temporary file behind)."""
-    path = costs_file()
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except OSError as e:  # no cache (read-only, full disk): measure again next time, and leave nothing behind
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        return e.strerror or str(e)
-    return None
-
-
-def _update_cache(entries: dict) -> None:
-    """Merge new entries into the cache as it is now, under a lock: another process's entries, written
-    while this one measured, are kept. A file that cannot be read is moved aside, never overwritten."""
-    from filelock import FileLock, Timeout
-
-    if not entries:
-        return
-    path = costs_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(path.with_name(path.name + ".lock"), timeout=60):
-            cache, unreadable = read_cache()
-            if unreadable:
-                aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-                os.replace(path, aside)
-                warn(f"ggufspec: the cost cache {path} {unreadable}; moved it to {aside} and started a new one")
-            failed = _cannot_write(path) or _save_cache({**cache, **entries})
-    except (OSError, Timeout) as e:
-        failed = getattr(e, "strerror", None) or str(e)
-    if failed:
-        warn_once(f"ggufspec: cannot write the cost cache {path} ({failed}): every run measures again; make it "
-                  "writable, or set GGUFSPEC_COSTS_FILE to a writable file")
-
-
-def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
-
-
-def valid_target_entry(entry) -> bool:
-    """Whether a cached target entry has the shape this version writes (else it is measured again)."""
-    if not isinstance(entry, dict):
-        return False
-    seconds, exact, kv = entry.get("target_batch_seconds"), entry.get("exact_batch"), entry.get("exact_kv")
-    return (isinstance(seconds, list) and len(seconds) >= 1 and all(map(_positive, seconds))
-            and isinstance(exact, int) and not isinstance(exact, bool) and exact >= 1
-            and (kv is None or (isinstance(kv, int) and not isinstance(kv, bool) and kv >= 1))
-            and isinstance(entry.get("kv_reach", 0), int) and _valid_rollback(entry.get("rollback")))
-
-
-def _valid_rollback(r) -> bool:
-    return r is None or (isinstance(r, dict) and isinstance(r.get("state_bytes"), int) and isinstance(r.get("kept"), int)
-                         and all(isinstance(r.get(k), (int, float)) and r[k] >= 0 for k in ("save_seconds", "restore_seconds")))
-
-
-def valid_draft_entry(entry) -> bool:
-    return isinstance(entry, dict) and _positive(entry.get("token_seconds"))
-
-
-def bad_entries(cache: dict) -> list[str]:
-    """Keys of cached entries with the wrong shape (ignored and measured again)."""
-    return [k for k, v in cache.items()
-            if not (valid_draft_entry(v) if is_step_key(k) else valid_target_entry(v))]
-
-
-def is_step_key(key: str) -> bool:
-    """Whether a cache key names a drafter's step (a draft model's, a head's) rather than a target's table."""
-    return key.endswith(("|draft", "|mtp")) or any(f"|{name}:" in key for name in ("eagle3", "dflash"))
 
 
 def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = False, heads=()) -> Costs:
@@ -388,4 +282,4 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     rollback = entry.get("rollback")
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
                  Rollback(**{f.name: rollback[f.name] for f in fields(Rollback)}) if rollback else None,
-                 head_seconds=head_seconds)
+                 head_seconds=head_seconds, deep_rows=tuple(entry["deep_rows"]) if entry.get("deep_rows") else None)
