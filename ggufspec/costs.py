@@ -248,7 +248,7 @@ class Costs:
                 "mtp_token_seconds": self.mtp_token_seconds, "head_seconds": self.head_seconds,
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
                 "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,
-                "verify_chunk": self.chunk(verify_batch) if verify_batch else None,
+                "verify_chunk": self.chunk(verify_batch) if verify_batch else None, "deep_rows": self.deep_rows,
                 "drafters": drafters, "why": self.why(quant),
                 "rollback": None if self.rollback is None else vars(self.rollback), "routing": self.routing()}
 

@@ -199,12 +199,13 @@ def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
     assert len(set(seconds[16:24])) == 1 and seconds[16] == seconds[23]  # 17-23 untimed: a batch of 24's time
     assert out["exact_batch"] >= 1 and out["draft_token_seconds"] > 0
     assert set(out["drafters"]) == {"lookup", "draft model"}
+    assert out["deep_rows"][0] == 256 - 16 - 1 and out["deep_rows"][1] >= 0  # rows timed as deep as -c 256 allows
     for d in out["drafters"].values():
         assert d["break_even_alpha"] is None or 0 < d["break_even_alpha"] <= 1
         assert d["speedup_if_always_right"] <= out["ceiling_speedup"] + 1e-9  # drafting is never free-er than free
     r = run("costs", "-m", tiny["target"], "-c", 256, "--refresh")
     assert r.exit_code == 0, r.output
-    assert "tokens / steps" in r.output and "lookup:" in r.output
+    assert "tokens / steps" in r.output and "lookup:" in r.output and "with 239 tokens cached a verified row" in r.output
 
 
 def test_costs_with_a_missing_model_is_one_line(tmp_path):

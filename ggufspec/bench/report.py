@@ -244,6 +244,10 @@ def costs_text(out: dict) -> str:
         how += f"{_up_to(out)}, in one batch beyond (no batch is exact there)"
     lines.append(f"verification {how}: an always-right, free drafter gains at most {out['ceiling_speedup']:.2f}x "
                  f"({out['ceiling_tokens_per_round']} tokens per round)")
+    if out.get("deep_rows"):
+        kv, extra = out["deep_rows"]
+        lines.append(f"with {kv} tokens cached a verified row beyond the first costs {extra:.2f}x what it does in an empty "
+                     "cache (auto plans a long prompt's rounds with it, growing with the cache)")
     for name, p in out["drafters"].items():
         if p["break_even_alpha"] is None:
             lines.append(f"{name}: never pays here (always right it would run at {p['speedup_if_always_right']:.2f}x); "
