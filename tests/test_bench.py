@@ -46,6 +46,20 @@ def test_json_has_a_row_per_mode_and_greedy_rows_identical(tiny):
     assert (by_mode["draft"]["label"], by_mode["auto"]["label"]) == ("draft (draft-max 4)", "auto")
 
 
+def test_modes_take_turns_on_each_prompt_and_every_other_repeat_the_other_way_round(tiny):
+    """A drift within a prompt's runs favours no row: the last mode is not always the one run last."""
+    from ggufspec import Engine
+    from ggufspec.bench.runs import BenchSettings, run as run_bench
+
+    done = []
+    with Engine(tiny["target"], tiny["close"], n_ctx=256) as engine:
+        runs = run_bench(engine, load_suite("code")[:1], BenchSettings(("target", "draft", "auto"), max_tokens=4,
+                                                                        repeats=3), [], progress=done.append)
+    assert [p.config.mode for p in done] == ["target", "draft", "auto"] * 2 + ["auto", "draft", "target"] * 1 + \
+        ["target", "draft", "auto"]  # the warm-up, then repeats 0, 1 and 2
+    assert [(r.config.mode, r.repeat) for r in runs][3:6] == [("auto", 1), ("draft", 1), ("target", 1)]
+
+
 def test_draft_max_values_make_draft_and_auto_rows_and_a_pairs_length_only_draft_rows():
     from dataclasses import replace
 
