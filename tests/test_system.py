@@ -79,6 +79,7 @@ def test_this_machine_is_described_by_what_it_reports():
 def test_another_machines_costs_are_never_used(tiny, monkeypatch):
     """A cost cache shared between machines (an NFS home): an entry keyed by another machine is ignored."""
     from ggufspec.llama.backend import Context, Model
+    from ggufspec.paths import costs_file
 
     with Model(tiny["target"]) as model, Context(model, n_ctx=128) as ctx:
         here = costs.costs_for(ctx)
@@ -88,7 +89,7 @@ def test_another_machines_costs_are_never_used(tiny, monkeypatch):
         # The same file measured on another machine, with absurd numbers, is what the cache now holds.
         fake = {key.replace(backend.machine()["id"], "0123456789abcdef"): {
             "target_batch_seconds": [9.0] * 9, "exact_batch": 9, "machine": {"cpu": "Some Other CPU"}}}
-        costs.costs_file().write_text(json.dumps(fake))
+        costs_file().write_text(json.dumps(fake))
         again = costs.costs_for(ctx)
         assert again.target_batch_seconds != [9.0] * 9 and again.exact_batch == here.exact_batch
     report = json.loads(CliRunner().invoke(cli, ["doctor", "--json"]).stdout)
