@@ -114,7 +114,7 @@ def test_entries_written_by_another_process_while_measuring_are_kept(tiny, monke
     real = measure.measure_target
 
     def meanwhile(ctx, *a, **k):
-        cost_cache._update_cache({"another model|draft": {"token_seconds": 0.5}})  # another process saves first
+        cost_cache.update_cache({"another model|draft": {"token_seconds": 0.5}})  # another process saves first
         return real(ctx, *a, **k)
 
     monkeypatch.setattr(measure, "measure_target", meanwhile)
@@ -148,7 +148,7 @@ def test_writers_at_once_keep_every_entry(tmp_path):
 
     env = {**os.environ, "GGUFSPEC_COSTS_FILE": str(tmp_path / "costs.json")}
     code = ("import sys, time; from ggufspec.llama import cost_cache; time.sleep(max(0, float(sys.argv[2]) - time.time()));"
-            " cost_cache._update_cache({f'model {sys.argv[1]}|draft': {'token_seconds': 0.5}})")
+            " cost_cache.update_cache({f'model {sys.argv[1]}|draft': {'token_seconds': 0.5}})")
     start = time.time() + 2
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(start)], env=env) for i in range(8)]
     assert [p.wait(timeout=60) for p in procs] == [0] * 8

@@ -15,6 +15,7 @@ import time
 from .runtime import warn, warn_once
 from ..paths import costs_file
 
+
 def read_cache() -> tuple[dict, str | None]:
     """Every cached entry, this machine's and others' (keys end in `machine <id>`), and why the file cannot be
     read as a cache (None: it can, or there is none yet)."""
@@ -82,7 +83,7 @@ def _save_cache(data: dict) -> str | None:
     return None
 
 
-def _update_cache(entries: dict) -> None:
+def update_cache(entries: dict) -> None:
     """Merge new entries into the cache as it is now, under a lock: another process's entries, written
     while this one measured, are kept. A file that cannot be read is moved aside, never overwritten."""
     from filelock import FileLock, Timeout

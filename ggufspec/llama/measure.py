@@ -23,7 +23,7 @@ from dataclasses import asdict, fields
 import numpy as np
 
 from .backend import Context, machine
-from .cost_cache import load_cache, _update_cache, valid_draft_entry, valid_target_entry
+from .cost_cache import load_cache, update_cache, valid_draft_entry, valid_target_entry
 from .head_costs import head_key, measure_head_step, probe_tokens as _probe_tokens
 from .runtime import warn
 from .system import say_if_shared
@@ -278,7 +278,7 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             new[hkey] = d
         head_seconds[head.name] = {"token": d["token_seconds"], "round": d.get("round_seconds") or 0.0,
                                    "longest": getattr(head, "max_draft", None)}  # a DFlash block's drafts
-    _update_cache(new)
+    update_cache(new)
     rollback = entry.get("rollback")
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
                  Rollback(**{f.name: rollback[f.name] for f in fields(Rollback)}) if rollback else None,
