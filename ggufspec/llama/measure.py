@@ -48,13 +48,7 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     tokens = prefix[8:]
     for x in tokens[:3]:  # warm-up: the first decodes page the mmapped weights in
         ctx.decode([x])
-    best = {b: float("inf") for b in timed}
-    for _ in range(repeats):
-        for b in timed:
-            ctx.truncate(base)
-            start = time.perf_counter()
-            ctx.decode(tokens[:b], logits="all")
-            best[b] = min(best[b], time.perf_counter() - start)
+    best = fastest_batches(ctx, base, tokens, timed, repeats)
     seconds = [best[min(b for b in timed if b >= n)] for n in range(1, max_batch + 1)]
     exact = exact_batch_at(ctx, base, min(max_batch, EXACT_MAX))
     exact_kv, held = None, base + exact  # held: the longest KV length where exactness was seen
@@ -66,6 +60,19 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
             held = kv
     ctx.clear()
     return seconds, exact, exact_kv
+
+
+def fastest_batches(ctx: Context, base: int, tokens: list[int], sizes, repeats: int) -> dict[int, float]:
+    """{size: the fastest of `repeats` decodes of tokens[:size] after the `base` cached tokens}: the sizes take turns
+    within each repeat, so a machine that slows down part way through skews no size against another."""
+    best = {b: float("inf") for b in sizes}
+    for _ in range(repeats):
+        for b in sizes:
+            ctx.truncate(base)
+            start = time.perf_counter()
+            ctx.decode(tokens[:b], logits="all")
+            best[b] = min(best[b], time.perf_counter() - start)
+    return best
 
 
 def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> int:
@@ -96,13 +103,7 @@ def measure_deep_rows(ctx: Context, seconds: list[float], repeats: int = 3) -> l
     tokens = _probe_tokens(ctx, kv + rows)
     ctx.clear()
     ctx.decode(tokens[:kv], logits="none")
-    best = {1: float("inf"), rows: float("inf")}
-    for _ in range(repeats):
-        for b in best:
-            ctx.truncate(kv)
-            start = time.perf_counter()
-            ctx.decode(tokens[kv:kv + b], logits="all")
-            best[b] = min(best[b], time.perf_counter() - start)
+    best = fastest_batches(ctx, kv, tokens[kv:], (1, rows), repeats)
     ctx.clear()
     return [kv, max(0.0, best[rows] - best[1]) / (seconds[rows - 1] - seconds[0])]
 
