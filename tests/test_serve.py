@@ -22,6 +22,7 @@ from clirun import INTERRUPTED, free_port, one_line, run
 from conftest import real_model
 
 from ggufspec import Engine
+from ggufspec.costs import Costs
 from ggufspec.errors import ContextFullError
 from ggufspec.generation import GenerationSettings
 from ggufspec.llama.backend import Context, Model
@@ -128,8 +129,12 @@ def test_every_request_writes_its_own_text_in_a_shared_batch(tiny, references, k
     """Six requests of every mode, greedy and seeded, through four sequences: each writes what it writes alone
     (one KV stream per sequence: by construction; unified: re-checked near-ties, on this fixture the same), drafts
     were made and kept in shared batches, the draft model's steps of several sequences decoded together, and fewer
-    target batches ran than rounds."""
+    target batches ran than rounds. The costs are pinned to a GPU's shape (a verify batch nearly free): the tiny
+    model's measured batch of two costs nearly two steps, where lookup drafts only what the timings of the moment
+    say pays, and a busy machine's timings once said nothing did."""
     with Engine(tiny["target"], tiny["close"], n_ctx=4 * 256, n_seq=4, kv_unified=kv_unified) as e:
+        step = e.costs.target_batch_seconds[0]
+        e.costs = Costs([step * (1 + 0.05 * i) for i in range(9)], e.costs.exact_batch, 0.2 * step, e.costs.exact_kv)
         draft_batches = []
         monkeypatch.setattr(sequences, "decode_together", lambda ctx, parts: (
             ctx is e.draft_ctx and draft_batches.append(len(parts))) or decode_together(ctx, parts))
