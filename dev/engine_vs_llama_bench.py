@@ -34,11 +34,14 @@ def main(argv=None) -> int:
     try:
         target = resolve_models(None, a.target, None)[0]
         theirs, ours = [], []
+        with Engine(target, n_ctx=512, measure=False) as engine:
+            # llama-bench at the depth ggufspec's generation starts from (its prompt in the cache)
+            depth, threads = len(engine.tokenize_prompt(PROMPT, None)), engine.target_ctx.n_threads
         for i in range(a.pairs):
+            # llama-bench with no engine loaded: beside one, this process's idle llama.cpp threads slowed it by
+            # up to a sixth on 2 cores (0.97x read here where `ggufspec bench`, which runs it first, read 0.90x)
+            ref = llama_bench(Path(a.bin_dir), target, a.n, threads, (depth,))[depth]
             with Engine(target, n_ctx=512) as engine:
-                # llama-bench at the depth ggufspec's generation starts from (its prompt in the cache)
-                depth = len(engine.tokenize_prompt(PROMPT, None))
-                ref = llama_bench(Path(a.bin_dir), target, a.n, engine.target_ctx.n_threads, (depth,))[depth]
                 engine.generate("def f", max_tokens=8, mode="target", ignore_eos=True)  # warm-up
                 runs = [engine.generate(PROMPT, max_tokens=a.n, mode="target", ignore_eos=True)
                         .stats.tokens_per_second for _ in range(3)]

@@ -8,6 +8,7 @@ nothing per row. Every handle is freed by `close()` (or `with`), in the right or
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -27,6 +28,10 @@ from .runtime import C, Closing, buffers, build_features, create_context, decode
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
 from .sequences import sequences_of, set_sequence
 from .vocab import LlamaModel, VocabFacts
+
+_NOTHING_SAVED = contextlib.nullcontext()
+# llama_get_logits answering the buffer's address (an int), not a pointer object to convert on every decode
+_logits_address = ctypes.cast(C.llama_get_logits, ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p))
 
 CPU_WAITS = 0.75  # the share of a model's weights off the CPU from which its decodes leave the CPU idle
 
@@ -250,6 +255,7 @@ class Context(Closing):
         self._token_buf = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
         self._pos_buf = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
         self._out_buf = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
+        self._positions, self._views = np.arange(n_ctx, dtype=np.int32), {}
         self.tokens: list[int] = []
         self.canonical = 0
         # What follows this context's memory (a model's MTP head, heads.MtpHead): told of every batch decoded
@@ -264,7 +270,7 @@ class Context(Closing):
     def no_rewind(self):
         """A `with` block whose decodes the caller will not rewind into: where the memory cannot be cut, they
         save no state (a rewind there is still right: it decodes again from an earlier state)."""
-        return self.checkpoints.paused()
+        return self.checkpoints.paused() if not self.cuttable else _NOTHING_SAVED  # a cut memory saves nothing
 
     @property
     def n_past(self) -> int:
@@ -296,7 +302,7 @@ class Context(Closing):
         logits: "last" (one row), "all" (a row per token) or "none". Returns a read-only view of
         shape (rows, n_vocab) on llama.cpp's buffer, valid until the next decode.
         """
-        tokens = np.asarray(tokens, dtype=np.int32)
+        tokens = tokens if type(tokens) is np.ndarray and tokens.dtype == np.int32 else np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
         if n == 0:
             raise GGUFSpecError("nothing to decode: no tokens were given")
@@ -313,7 +319,7 @@ class Context(Closing):
             end = min(n, start + self.n_batch)
             m = end - start
             self._token_buf[:m] = tokens[start:end]
-            self._pos_buf[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            self._pos_buf[:m] = self._positions[self.n_past:self.n_past + m]
             if logits == "all":
                 self._out_buf[:m] = 1
             else:
@@ -334,8 +340,15 @@ class Context(Closing):
         if logits == "none":
             return None
         rows = n if logits == "all" else 1
-        view = np.ctypeslib.as_array(C.llama_get_logits(self._ctx), shape=(rows, self.n_vocab))
-        view.flags.writeable = False
+        # a view per (buffer, rows), made once: making it anew took some 10 us a decode, a GPU-speed step's 1-3 %
+        key = (_logits_address(self._ctx), rows)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= 64:  # buffers llama.cpp reallocated since
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(
+                (ctypes.c_float * (rows * self.n_vocab)).from_address(key[0])).reshape(rows, self.n_vocab)
+            view.flags.writeable = False
         return view
 
     def truncate(self, n_keep: int) -> None:
@@ -372,7 +385,7 @@ class Context(Closing):
         self.checkpoints.clear()
 
     def close(self) -> None:
-        self.sequences = []
+        self.sequences, self._views = [], {}
         for follower in list(getattr(self, "followers", ())):  # a follower's context refers to this one
             follower.close()
         if getattr(self, "_batch_live", False):
