@@ -4,7 +4,6 @@ drafts really made and batches really shared; a client that goes away frees its 
 and one message; the server listens on 127.0.0.1 unless told otherwise and stops cleanly on Ctrl-C."""
 
 import json
-import os
 import queue
 import signal
 import socket
