@@ -59,6 +59,16 @@ def test_cpu_model_and_flags_from_cpuinfo():
     assert system.cpu_model(text) == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
     assert {"amx_tile", "avx512f"} <= system.cpu_flags(text)
     assert system.cpu_flags("Features\t: fp asimd sve\n") == {"fp", "asimd", "sve"}
+    # a name that says no model: the core, from the family and model numbers
+    amd = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: AMD EPYC\n"
+    assert system.cpu_model(amd.format(26, 2)) == "AMD EPYC (Zen 5: family 26, model 2)"
+    assert system.cpu_model(amd.format(25, 17)) == "AMD EPYC (Zen 4: family 25, model 17)"
+    assert system.cpu_model(amd.format(25, 1)) == "AMD EPYC (Zen 3: family 25, model 1)"
+    assert system.cpu_model(amd.format(99, 1)) == "AMD EPYC (family 99, model 1)"
+    xeon = "cpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+    assert system.cpu_model(xeon) == "Intel(R) Xeon(R) Processor (Sapphire Rapids: family 6, model 143)"
+    assert system.cpu_model(text.replace("flags", "cpu family\t: 6\nmodel\t\t: 143\nflags")) == \
+        "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"  # a name with a model number stays as it is
 
 
 def test_gpu_present_with_a_cpu_only_build():

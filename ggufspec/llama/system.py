@@ -51,9 +51,27 @@ def build_features(info: dict[str, dict[str, str]]) -> list[str]:
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's name; where it names no model (a cloud host's "AMD EPYC", "Intel(R) Xeon(R) Processor"), with
+    its family and model numbers and the core they mean, where known: a Zen 4 and a Zen 5 EPYC both call
+    themselves "AMD EPYC", and a Q8_0 verify batch of 4 cost 1.9 target steps on one and 3.7 on the other."""
     text = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo")
     m = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
-    return m.group(1).strip() if m else (platform.processor() or platform.machine() or "unknown CPU")
+    name = m.group(1).strip() if m else (platform.processor() or platform.machine() or "unknown CPU")
+    family, model = (re.search(rf"^{key}\s*:\s*(\d+)$", text, re.MULTILINE) for key in ("cpu family", "model"))
+    if re.search(r"\d", name) or not (family and model):
+        return name
+    family, model = int(family.group(1)), int(model.group(1))
+    core = _CORES.get((family, model)) or _CORES.get(family) if "AMD" in name else _CORES.get((family, model))
+    return f"{name} ({core + ': ' if core else ''}family {family}, model {model})"
+
+
+# Cores by (family, model) or family, for names that say none. AMD family 25: Zen 4 at models 0x10-0x1f, 0x60-0x7f
+# and 0xa0-0xaf, Zen 3 below and between.
+_CORES = {23: "Zen or Zen 2", 26: "Zen 5", **{(25, m): "Zen 4" for r in ((0x10, 0x20), (0x60, 0x80), (0xA0, 0xB0))
+                                               for m in range(*r)},
+          **{(25, m): "Zen 3" for m in range(0x60) if not 0x10 <= m < 0x20},
+          (6, 0x55): "Skylake-SP or Cascade Lake", (6, 0x6A): "Ice Lake-SP", (6, 0x6C): "Ice Lake-SP",
+          (6, 0x8F): "Sapphire Rapids", (6, 0xCF): "Emerald Rapids", (6, 0xAD): "Granite Rapids"}
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
