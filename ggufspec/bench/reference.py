@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from ..errors import GGUFSpecError
@@ -135,9 +136,11 @@ def llama_bench_before(bin_dir: Path, model: Path, n_tokens: int, threads: int, 
 
 
 # llama.cpp's programs log through a thread of their own and may exit before it wrote the last lines (its
-# common/log.cpp says so; on a loaded 2-core machine half the runs of a tiny model lost them): a run whose counts are
-# missing is run again, up to this many times in all.
-LOST_LOG_TRIES = 6
+# common/log.cpp says so; on a loaded 2-core machine half the runs of a tiny model lost them, on an idle Zen 5 all
+# but one to three in twelve lost everything after the first line): a run whose counts are missing is run again, at
+# least LOST_LOG_TRIES times in all, and on while the runs are short (a tiny model's take some 40 ms), up to
+# LOST_LOG_SECONDS of them or LOST_LOG_MOST runs.
+LOST_LOG_TRIES, LOST_LOG_MOST, LOST_LOG_SECONDS = 6, 60, 5.0
 
 # What speculative-simple's draft types draft with, in a row's label.
 DRAFTERS = {"draft-mtp": "MTP layers", "draft-eagle3": "EAGLE-3 draft", "draft-dflash": "DFlash draft"}
@@ -153,11 +156,14 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
            "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
     if draft is not None and spec_type.startswith("draft-"):  # draft-mtp's is a sibling mtp-*.gguf, where given
         cmd[3:3] = ["-md", str(draft)]
-    for _ in range(LOST_LOG_TRIES):  # llama.cpp's log thread can lose the last lines at exit: run again then
+    start = time.monotonic()
+    for attempt in range(1, LOST_LOG_MOST + 1):  # llama.cpp's log thread can lose the last lines at exit: run again
         code, stdout, stderr = _call(cmd, bin_dir)
         text = (stdout + stderr).decode("utf-8", "replace")
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
         if code != 0 or (m and re.search(r"n_accept\s*=", text)):
+            break
+        if attempt >= LOST_LOG_TRIES and time.monotonic() - start > LOST_LOG_SECONDS:
             break
     if code < 0:  # killed by a signal: its last line says nothing of why
         raise ProgramDied(f"llama-speculative-simple ({spec_type}) died of {_signal_name(-code)}")
