@@ -302,7 +302,7 @@ class Context(Closing):
         logits: "last" (one row), "all" (a row per token) or "none". Returns a read-only view of
         shape (rows, n_vocab) on llama.cpp's buffer, valid until the next decode.
         """
-        tokens = tokens if type(tokens) is np.ndarray and tokens.dtype == np.int32 else np.asarray(tokens, dtype=np.int32)
+        tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
         if n == 0:
             raise GGUFSpecError("nothing to decode: no tokens were given")
@@ -339,8 +339,11 @@ class Context(Closing):
             start = end
         if logits == "none":
             return None
-        rows = n if logits == "all" else 1
-        # a view per (buffer, rows), made once: making it anew took some 10 us a decode, a GPU-speed step's 1-3 %
+        return self.logits(n if logits == "all" else 1)
+
+    def logits(self, rows: int) -> np.ndarray:
+        """A read-only view of the last decode's first `rows` rows of logits on llama.cpp's buffer, valid until the next
+        decode; made once per (buffer, rows): making it anew took some 10 us a decode, a GPU-speed step's 1-3 %."""
         key = (_logits_address(self._ctx), rows)
         view = self._views.get(key)
         if view is None:

@@ -163,7 +163,7 @@ class _Batch:
         decode_failed(C.llama_decode(ctx._ctx, self.batch), self.m, 0, ctx.n_ctx)
         n_out = sum(n for _, n in self.rows)
         if n_out:
-            view = np.ctypeslib.as_array(C.llama_get_logits(ctx._ctx), shape=(n_out, ctx.n_vocab))
+            view = ctx.logits(n_out)
             at = 0
             for part, n in self.rows:
                 if n:

@@ -61,7 +61,8 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     if re.search(r"\d", name) or not (family and model):
         return name
     family, model = int(family.group(1)), int(model.group(1))
-    core = _CORES.get((family, model)) or _CORES.get(family) if "AMD" in name else _CORES.get((family, model))
+    by_family = _CORES.get(family) if "AMD" in name else None  # AMD's families name a core; Intel's 6 does not
+    core = _CORES.get((family, model)) or by_family
     return f"{name} ({core + ': ' if core else ''}family {family}, model {model})"
 
 
