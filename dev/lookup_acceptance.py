@@ -3,7 +3,8 @@
 
 Generates the target's own greedy answer to each prompt of the given suites, then replays it:
 at every position where lookup finds a match, checks whether its first and first two drafted
-tokens equal what the target wrote next. Rows are (suite, agreement bucket) as auto tracks them.
+tokens equal what the target wrote next. Rows are (suite, agreement bucket) as auto tracks them; "resumed" rows are
+copies resumed past a token the text changed, which auto tracks apart whatever their agreement.
 
     python dev/lookup_acceptance.py [SUITE ...] [-m TARGET] [-n 160]
 """
@@ -40,9 +41,9 @@ def main(argv=None) -> int:
                     answer = engine.generate(prompt_tokens=tokens, max_tokens=a.n, mode="target").tokens
                     history, lookup = list(tokens), LookupDrafter()
                     for i, t in enumerate(answer):
-                        draft, agreement = lookup.match(history, 2)
+                        draft, agreement, resumed = lookup.match(history, 2)
                         if draft:
-                            c = counts[(suite, lookup_bucket(agreement))]
+                            c = counts[(suite, f"{lookup_bucket(agreement)}+" + (" resumed" if resumed else ""))]
                             c[0] += 1
                             c[1] += draft[:1] == answer[i:i + 1]
                             c[2] += len(draft) == 2 and draft == answer[i:i + 2]
@@ -50,8 +51,8 @@ def main(argv=None) -> int:
     except GGUFSpecError as e:
         print(f"lookup_acceptance: {e}", file=sys.stderr)
         return 1
-    rows = [{"suite": s, "agreement": f"{b}+", "matches": n, "first right": f"{r1 / n:.0%}", "two right": f"{r2 / n:.0%}"}
-            for (s, b), (n, r1, r2) in sorted(counts.items())]
+    rows = [{"suite": s, "agreement": b, "matches": n, "first right": f"{r1 / n:.0%}", "two right": f"{r2 / n:.0%}"}
+            for (s, b), (n, r1, r2) in sorted(counts.items(), key=lambda kv: (kv[0][0], int(kv[0][1].split("+")[0]), kv[0][1]))]
     print(table(rows))
     return 0
 

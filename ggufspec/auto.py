@@ -5,7 +5,8 @@ E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass. Dividing by what the r
 here (n draft steps plus the verify batch, from the measured cost table, in bit-exact batches cut short
 at the first rejection when verification is exact; see `costs`) gives expected tokens per
 second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no draft,
-a prompt-lookup draft (its alpha tracked by how far back the match agrees with the history), or the draft model.
+a prompt-lookup draft (its alpha tracked by how far back the match agrees with the history, and apart for a copy
+resumed past a token the text changed), or the draft model.
 Acceptance estimates are updated from every round, so the choice follows the text; lookup's
 carry an exploration bonus (UCB), so a kind of match is tried before it is written off. Costs keep
 the shape measured at load (what a batch of n costs relative to one step, what a draft step
@@ -13,7 +14,8 @@ costs); every round rescales them by how fast the machine runs now. Each observa
 scale by at most a bounded step, so one stall (a page fault, another process) cannot make
 drafting look cheap, and the scale of the target is updated by every round, whichever drafter
 won it, so a wrong estimate cannot lock itself in. Beside the table's prediction a `watch.RateWatch` times
-what each source's rounds deliver against plain rounds and pauses a source that loses, whatever the table says.
+what each source's rounds deliver against plain rounds and pauses a source that loses, whatever the table says,
+and a `watch.Credit` weighs copies up by what their rounds delivered over the table's forecast.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
 from .sampling import SamplingParams
 from .verification import Verification
-from .watch import RateWatch
+from .watch import Credit, RateWatch
 
 
 CONTINUED = "lookup+draft"  # the source of a copy continued by the draft model past its end
@@ -61,6 +63,10 @@ class Estimate:
 # agreements are weak evidence: in code answers, matches agreeing over 2-4 tokens were accepted about a
 # third of the time (the Qwen pair, 128-token answers), so they are tried only where a batch is cheap.
 LOOKUP_PRIORS = ((1, 0.2), (2, 0.3), (3, 0.45), (4, 0.6), (8, 0.8), (16, 0.85), (32, 0.9))
+# A copy resumed past a token the text changed (LookupDrafter.match), whatever its agreement: its first token was right
+# 5 times in 20 (the Qwen pair's five suites, 128-token answers: mostly a summary or an edit leaving its source), where
+# copies of 8 or more agreeing tokens that nothing broke were right 88-100% of the time (dev/lookup_acceptance.py).
+RESUMED_PRIOR = 0.3
 
 
 def lookup_bucket(agreement: int) -> int:
@@ -107,10 +113,11 @@ class AutoDrafter(Drafter):
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
         # match agrees with the history. A draft model of the same family agrees often.
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
+        self.resumed_alpha = Estimate(RESUMED_PRIOR, 2.0)
         # A draft of the same family agrees often; a light prior, so that a few rounds decide the length.
         self.model_alpha = Estimate(0.8, 2.0)
         self.watch = RateWatch()  # what each source's rounds deliver, whatever the table predicts
-        self.delivered: dict[str, list[float]] = {}  # source -> [tokens, tokens the table predicted], decayed
+        self.credit = Credit(credited=("lookup", CONTINUED))  # what copies delivered over the table's forecast
 
     # A server of several sequences: the draft catches up on a prompt only when drafting pays in a batch (under load
     # it mostly does not, and the draft's prefill would delay every request's first token for nothing).
@@ -182,15 +189,15 @@ class AutoDrafter(Drafter):
 
         def weigh(source: str, lengths: range, rate_of) -> None:
             nonlocal best
-            delivered = self.calibration(source)
+            delivered = self.credit.of(source)
             for n in lengths:
                 r = rate_of(n)
                 if r * delivered > best[2]:
                     best = (source, n, r * delivered, r)
 
         longest_copy = min(draft_max, self.lookup_max or draft_max) if allows("lookup") else 0
-        match, agreement = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0)
-        a_copy = self.lookup_estimate(agreement) if match else 0.0
+        match, agreement, resumed = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0, False)
+        a_copy = self.lookup_estimate(agreement, resumed=resumed) if match else 0.0
         if match:
             weigh("lookup", range(1, len(match) + 1), lambda n: self.rate(a_copy, n, 0.0, n_past))
         for name, head in self.heads.items():
@@ -208,14 +215,15 @@ class AutoDrafter(Drafter):
                       lambda n: self.continued_rate(a_copy, copied, n - copied, n_past))
         source, n, rate, table_rate = best
         if source == "lookup":  # judged by the estimate without the exploration bonus (which overshoots by design)
-            table_rate = self.rate(self.lookup_estimate(agreement, explore=0.0), n, 0.0, n_past)
-            draft = Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement)
+            table_rate = self.rate(self.lookup_estimate(agreement, 0.0, resumed), n, 0.0, n_past)
+            draft = Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement,
+                          resumed=resumed)
         elif source == CONTINUED:
-            table_rate = self.continued_rate(self.lookup_estimate(agreement, explore=0.0), len(match), n - len(match), n_past)
+            table_rate = self.continued_rate(self.lookup_estimate(agreement, 0.0, resumed), len(match), n - len(match), n_past)
             p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
             draft = self.model.propose(history, n - len(match), params, rng, noise=noise, p_min=p_min, after=match,
                                        may_extend=lambda k: self.one_more_is_free(len(match) + k, n_past))
-            draft.source, draft.agreement = CONTINUED, agreement
+            draft.source, draft.agreement, draft.resumed = CONTINUED, agreement, resumed
         elif source in self.heads:
             draft = self.heads[source].propose(history, n, params, rng, noise=noise, p_min=self.model_p_min or 0.0)
         elif source == "draft":
@@ -228,39 +236,7 @@ class AutoDrafter(Drafter):
         draft.predicted_rate, draft.table_rate = rate, table_rate
         return draft
 
-    # -- what copies deliver ---------------------------------------------------------------------
-    # The table's forecast takes drafted positions as alike, but a copy is kept whole or not at all far more often:
-    # where the text copies, copies (lookup, lookup+draft) deliver more than forecast. They are weighed up by what
-    # their recent rounds delivered over the forecast, so auto moves toward copying within a few rounds; the credit
-    # fades while other sources run, so the choice follows the text. Never weighed down (a source judged low by a
-    # few unlucky rounds would go unused and never show otherwise; the guard pauses one that loses to plain
-    # decoding), and not the draft model (credited too, it took rounds inside copies from lookup on the Qwen pair's
-    # fix suite: 0.97-0.99x of lookup alone against 1.06x).
-    credited = ("lookup", CONTINUED)
-    delivered_prior = 6.0  # tokens' worth of belief in the table, per source
-    delivered_decay = 0.85  # per round of that source: about its last seven rounds
-    delivered_fade = 0.97  # per round of another source
-    delivered_most = 1.6
-
-    def calibration(self, source: str) -> float:
-        """What the source's recent rounds delivered over the table's forecast of them, at least 1 (1: not credited)."""
-        tokens, predicted = self.delivered.get(source, (0.0, 0.0))
-        return min(self.delivered_most, max(1.0, (tokens + self.delivered_prior) / (predicted + self.delivered_prior)))
-
-    def _learn_delivered(self, r: Round) -> None:
-        seconds = r.draft_seconds + r.target_seconds
-        source = r.draft.source or r.source
-        if not r.draft.table_rate or seconds <= 0 or r.shared:
-            return
-        for s, sums in self.delivered.items():
-            if s != source:
-                sums[0] *= self.delivered_fade
-                sums[1] *= self.delivered_fade
-        if source not in self.credited:
-            return
-        sums = self.delivered.setdefault(source, [0.0, 0.0])
-        sums[0] = sums[0] * self.delivered_decay + len(r.tokens)
-        sums[1] = sums[1] * self.delivered_decay + r.draft.table_rate * seconds
+    # -- copies ---------------------------------------------------------------------------------
 
     def continued_rate(self, a_copy: float, copied: int, k: int, n_past: int) -> float:
         """Expected tokens per second of a round drafting a copy of `copied` tokens (each kept at about a_copy) and
@@ -270,13 +246,19 @@ class AutoDrafter(Drafter):
         draft_seconds = (k + 1) * self.draft_cost / self.target_scale
         return self.costs.round_speedup(expected, copied + k, draft_seconds, limit, a_copy) / self.step_cost
 
-    def lookup_estimate(self, agreement: int, explore: float | None = None) -> float:
+    def lookup_estimate(self, agreement: int, explore: float | None = None, resumed: bool = False) -> float:
         """The acceptance a lookup draft of this agreement is planned with: its bucket's estimate with the exploration
         bonus, but no higher than any bucket of a longer agreement (with its bonus): a copy agreeing further back is
         never the worse bet, so where long copies fail in this text (a summary quoting its source, then writing its
-        own words) the shorter ones are not each tried before they are believed to fail too."""
+        own words) the shorter ones are not each tried before they are believed to fail too. A resumed copy: no
+        higher than what resumed copies deliver (their own estimate)."""
         bucket, explore = lookup_bucket(agreement), self.explore if explore is None else explore
-        return min(e.optimistic(explore) for m, e in self.lookup_alpha.items() if m >= bucket)
+        estimates = [e for m, e in self.lookup_alpha.items() if m >= bucket] + ([self.resumed_alpha] if resumed else [])
+        return min(e.optimistic(explore) for e in estimates)
+
+    def _copy_alpha(self, draft: Draft) -> Estimate:
+        """The estimate a copy's rounds teach: resumed copies' own, else its agreement's bucket."""
+        return self.resumed_alpha if draft.resumed else self.lookup_alpha[lookup_bucket(draft.agreement)]
 
     def p_min_for(self, n: int, n_past: int) -> float:
         """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,
@@ -298,7 +280,7 @@ class AutoDrafter(Drafter):
         source = r.draft.source
         if r.n_drafted:
             if source == "lookup":
-                self.lookup_alpha[lookup_bucket(r.draft.agreement)].update(r.n_accepted, r.n_drafted)
+                self._copy_alpha(r.draft).update(r.n_accepted, r.n_drafted)
             elif source in self.head_alpha:
                 self.head_alpha[source].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
@@ -307,11 +289,11 @@ class AutoDrafter(Drafter):
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
             elif source == CONTINUED:  # the copy's tokens teach the copy's estimate, the model's the model's
                 copied = min(r.draft.copied, r.n_drafted)
-                self.lookup_alpha[lookup_bucket(r.draft.agreement)].update(min(r.n_accepted, copied), copied)
+                self._copy_alpha(r.draft).update(min(r.n_accepted, copied), copied)
                 if r.n_accepted >= copied < r.n_drafted:
                     self.model_alpha.update(r.n_accepted - copied, r.n_drafted - copied)
         self.watch.observe(r, 1 / self.step_cost)
-        self._learn_delivered(r)
+        self.credit.observe(r)
         rows = r.n_drafted + 1
         if r.n_drafted and r.target_seconds > 0 and self.verification.batch_limit(r.n_past + rows) is None:
             self._learn_ties(r.ties_settled, r.n_accepted + 1)  # one batch judged with a margin: its rows used

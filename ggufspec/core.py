@@ -83,6 +83,7 @@ class Draft:
     seconds: float = 0.0
     source: str = "target"  # which drafter proposed ("target": none did)
     agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
+    resumed: bool = False  # lookup: the copy resumes past a token the text changed (LookupDrafter.match)
     copied: int = 0  # lookup+draft: the copy's tokens that lead the draft, the model's after them
     predicted_rate: float | None = None  # auto: the tokens per second its cost table expected of this round
     table_rate: float | None = None  # auto: the same from the table alone, before what this source delivered corrected it

@@ -103,7 +103,7 @@ class NoCopies(LookupDrafter):
     into a cycle after some tokens, which the real lookup drafts to the end (the cheapest source there)."""
 
     def match(self, history, draft_max):
-        return [], 0
+        return [], 0, False
 
 
 class FakeBridge:
