@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         print(f"lookup_acceptance: {e}", file=sys.stderr)
         return 1
     rows = [{"suite": s, "agreement": b, "matches": n, "first right": f"{r1 / n:.0%}", "two right": f"{r2 / n:.0%}"}
-            for (s, b), (n, r1, r2) in sorted(counts.items(), key=lambda kv: (kv[0][0], int(kv[0][1].split("+")[0]), kv[0][1]))]
+            for (s, b), (n, r1, r2) in sorted(counts.items(), key=lambda kv: (kv[0][0], int(kv[0][1].split("+")[0])))]
     print(table(rows))
     return 0
 
