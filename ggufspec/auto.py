@@ -64,7 +64,7 @@ class Estimate:
 # third of the time (the Qwen pair, 128-token answers), so they are tried only where a batch is cheap.
 LOOKUP_PRIORS = ((1, 0.2), (2, 0.3), (3, 0.45), (4, 0.6), (8, 0.8), (16, 0.85), (32, 0.9))
 # A copy resumed past a token the text changed (LookupDrafter.match), whatever its agreement: its first token was right
-# 5 times in 20 (the Qwen pair's five suites, 128-token answers: mostly a summary or an edit leaving its source), where
+# 4 times in 20 (the Qwen pair's five suites, 128-token answers: mostly a summary or an edit leaving its source), where
 # copies of 8 or more agreeing tokens that nothing broke were right 88-100% of the time (dev/lookup_acceptance.py).
 RESUMED_PRIOR = 0.3
 

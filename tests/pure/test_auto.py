@@ -596,7 +596,7 @@ def test_a_source_that_delivers_more_than_the_table_says_is_taken_within_a_few_r
 
 def test_a_copy_resumed_past_a_changed_token_is_planned_with_its_own_estimate():
     """A summary quotes its source for 12 tokens, then writes a word of its own: the copy resumed past that word
-    (as an edit's copy past a renamed token) agrees over 12 tokens, but resumed copies were right a quarter of the
+    (as an edit's copy past a renamed token) agrees over 12 tokens, but resumed copies were right a fifth of the
     time on the Qwen pair's suites, not the 0.8 of an unbroken copy that long. Where a batch of 8 costs 3.5 steps, auto
     drafts the unbroken copy and not the resumed one, and learns resumed copies apart: where they keep being right
     (renames), it drafts them; their failures leave unbroken copies' estimates as they were."""
