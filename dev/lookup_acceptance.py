@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=160, help="tokens of each answer")
     a = ap.parse_args(argv)
     try:
-        counts = defaultdict(lambda: [0, 0, 0])  # (suite, bucket) -> [matches, first right, first two right]
+        counts = defaultdict(lambda: [0, 0, 0])  # (suite, bucket, resumed) -> [matches, first right, first two right]
         target = resolve_models(None, a.target, None)[0]
         with Engine(target, n_ctx=2048) as engine:
             for suite in a.suites:
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
                     for i, t in enumerate(answer):
                         draft, agreement, resumed = lookup.match(history, 2)
                         if draft:
-                            c = counts[(suite, f"{lookup_bucket(agreement)}+" + (" resumed" if resumed else ""))]
+                            c = counts[(suite, lookup_bucket(agreement), resumed)]
                             c[0] += 1
                             c[1] += draft[:1] == answer[i:i + 1]
                             c[2] += len(draft) == 2 and draft == answer[i:i + 2]
@@ -51,8 +51,9 @@ def main(argv=None) -> int:
     except GGUFSpecError as e:
         print(f"lookup_acceptance: {e}", file=sys.stderr)
         return 1
-    rows = [{"suite": s, "agreement": b, "matches": n, "first right": f"{r1 / n:.0%}", "two right": f"{r2 / n:.0%}"}
-            for (s, b), (n, r1, r2) in sorted(counts.items(), key=lambda kv: (kv[0][0], int(kv[0][1].split("+")[0])))]
+    rows = [{"suite": s, "agreement": f"{b}+" + (" resumed" if resumed else ""), "matches": n,
+             "first right": f"{r1 / n:.0%}", "two right": f"{r2 / n:.0%}"}
+            for (s, b, resumed), (n, r1, r2) in sorted(counts.items())]
     print(table(rows))
     return 0
 
