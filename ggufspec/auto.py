@@ -119,10 +119,6 @@ class AutoDrafter(Drafter):
         self.watch = RateWatch()  # what each source's rounds deliver, whatever the table predicts
         self.credit = Credit(credited=("lookup", CONTINUED))  # what copies delivered over the table's forecast
 
-    # A server of several sequences: the draft catches up on a prompt only when drafting pays in a batch (under load
-    # it mostly does not, and the draft's prefill would delay every request's first token for nothing).
-    lazy_model = False
-
     def model_may_pay(self) -> bool:
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
         return self.model is not None and self._pays(self._draft_cost)

@@ -54,6 +54,18 @@ LLAMA_MODES = tuple(m.name for m in MODE_TABLE if m.for_llama)
 DRAFT_ALONE_MODES = tuple(m.name for m in MODE_TABLE if m.on_draft)
 
 
+def runnable_modes(draft_model: bool, file_head: str | None, heads: set[str], costs: bool) -> tuple[str, ...]:
+    """The modes an Engine can run: with a draft model or not, the head its -md file is (mtp, eagle3, dflash: the
+    draft modes draft with it), the heads it has, and measured costs (auto needs them)."""
+    def runs(mode: str) -> bool:
+        if mode in DRAFT_ALONE_MODES or (mode in MODEL_MODES and file_head is None):
+            return draft_model
+        head = file_head if mode in MODEL_MODES else HEAD_MODES.get(mode)
+        return (head is None or head in heads) and (mode != "auto" or costs)
+
+    return tuple(m for m in MODES if runs(m))
+
+
 Logits = Literal["all", "last", "none"]
 
 

@@ -10,7 +10,8 @@ wants to learn travels with its own proposal. `reset(prompt_tokens)` starts a ge
 from __future__ import annotations
 
 import time
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -26,6 +27,12 @@ class Drafter:
     """The interface, with no-op defaults: a drafter that never proposes anything."""
 
     name = "target"
+    # One of several sequences sharing a batch (a server): a drafter with a draft model lets the model catch up on
+    # a prompt only when a batch lets it draft, not with the prompt (the engine sets it; others ignore it).
+    lazy_model = False
+    # The heads reading the target's hidden states (MTP, EAGLE-3, DFlash) it may draft with, by name: the engine keeps
+    # those following the target's decodes for this generation (AutoDrafter weighs them; others have none).
+    heads: Mapping = MappingProxyType({})
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         """A new generation starts from these prompt tokens (reuse: a drafter with a KV cache may keep

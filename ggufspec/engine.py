@@ -30,11 +30,12 @@ from .llama.sequences import decode_together, together
 from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible, text_pairing
 from .llama.vocab import TextBridge, text_round_trip
-from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, Stats  # noqa: F401  (Stats: part of the API)
+from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MODES, Stats, runnable_modes  # noqa: F401
 from .drafters import HeadDrafter, LookupDrafter, ModelDrafter
 from .textdraft import TextDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
-from .generation import Chunk, Generation, GenerationSettings, Result, check_messages, resolve_settings
+from .generation import (Chunk, Generation, GenerationSettings, Result, check_messages, check_text, keeps_its_error,
+                         resolve_settings)
 from .serving import Batch
 from .llama.gguf_info import check_kv_cache_types, kv_cache_type
 from .llama.measure import costs_for
@@ -180,7 +181,6 @@ class Engine(Closing):
                 "text_round_trip": ({**text_round_trip(self.bridge), "difference": self.vocab_difference}
                                     if self.bridge else None)}
 
-
     @property
     def n_ctx(self) -> int:
         self._check_open()
@@ -188,23 +188,24 @@ class Engine(Closing):
 
     # -- prompts ------------------------------------------------------------------------------
 
-    def tokenize_prompt(self, prompt: str | bytes | None = None, messages: list[dict] | None = None) -> list[int]:
+    def tokenize_prompt(self, prompt: str | bytes | None = None, messages: list[dict] | None = None, *,
+                        fit: bool = True) -> list[int]:
         """Prompt text or bytes (tokenized as llama.cpp does: bytes as they are, whatever their
-        encoding) or chat messages (through the GGUF's template)."""
+        encoding) or chat messages (through the GGUF's template). fit=False: the caller checks the length."""
         self._check_open()
         if exactly_one({"a prompt": prompt, "chat messages": messages}) == "chat messages":
             messages = check_messages(messages)
             check_chat_roles(messages)
             tokens = self.target_model.tokenize_chat(messages)
         elif isinstance(prompt, (str, bytes)):
-            tokens = self.target_model.tokenize(prompt)
+            tokens = self.target_model.tokenize(prompt if isinstance(prompt, bytes) else check_text(prompt, "the prompt"))
         else:
             raise GGUFSpecError(f"the prompt must be text or bytes (got {type(prompt).__name__}); "
                                 "token ids go in prompt_tokens=")
-        return self._check_prompt(tokens)
+        return self._check_prompt(tokens, fit)
 
-    def _check_prompt(self, tokens) -> list[int]:
-        """Token ids as a list (from a list, tuple, range or numpy array of ints), checked against this model."""
+    def _check_prompt(self, tokens, fit: bool = True) -> list[int]:
+        """Token ids as a list (from a list, tuple, range or numpy array of ints), checked (fit: and against n_ctx)."""
         if isinstance(tokens, np.ndarray) and tokens.ndim == 1:
             tokens = tokens.tolist()
         elif isinstance(tokens, (list, tuple, range)):
@@ -218,7 +219,7 @@ class Engine(Closing):
         bad = next((t for t in tokens if not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab), None)
         if bad is not None:
             raise GGUFSpecError(f"prompt_tokens holds {bad!r}, not a token id of this model (0 to {n_vocab - 1})")
-        if len(tokens) >= self.n_ctx:
+        if fit and len(tokens) >= self.n_ctx:
             raise GGUFSpecError(
                 f"the prompt is {len(tokens)} tokens, longer than the context (n_ctx={self.n_ctx}); raise -c or shorten the prompt"
             )
@@ -226,15 +227,15 @@ class Engine(Closing):
 
     # -- generation ---------------------------------------------------------------------------
 
+    @keeps_its_error
     def stream(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,
                **overrides) -> Iterator[Chunk]:
         """Yield a Chunk per round; the last one carries finish_reason ("stop", "length" or "stop_string").
 
-        Give one of prompt, messages or prompt_tokens. One generation runs at a time: a stream begun
-        in another thread waits until this one ends (or is closed); a generation begun in the same
-        thread before this stream ends supersedes it, and resuming it raises GGUFSpecError.
-        """
+        Give one of prompt, messages or prompt_tokens. One generation runs at a time: a stream begun in another
+        thread waits until this one ends (or is closed); a generation begun in the same thread before this stream
+        ends supersedes it, and resuming it raises GGUFSpecError (again at each try, until it is closed)."""
         s = resolve_settings(settings, overrides)
         self._check_open()
         exactly_one({"a prompt": prompt, "chat messages": messages, "prompt_tokens": prompt_tokens})
@@ -272,6 +273,11 @@ class Engine(Closing):
         return Batch(self.decode_together, self.costs, unified=self.target_ctx.kv_unified, plan_together=together)
 
     @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes this Engine can run (the others are refused in one line when asked for)."""
+        return runnable_modes(self.draft_model is not None, self.file_head, set(self.heads), self.costs is not None)
+
+    @property
     def n_seq(self) -> int:
         """The sequences each context holds (1: the Engine's own)."""
         return len(self.target_ctx.sequences) or 1
@@ -306,9 +312,9 @@ class Engine(Closing):
         lookup = LookupDrafter(ends=getattr(self.target_model, "control_mask", None))
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
                                           lookup=lookup, lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
-        if slot is not None and hasattr(drafter, "lazy_model"):
+        if slot is not None and drafter is not None:
             drafter.lazy_model = True  # one of several sequences: the draft catches up when a batch lets it draft
-        used = {HEAD_MODES.get(s.mode)} | set(getattr(drafter, "heads", {}))
+        used = {HEAD_MODES.get(s.mode)} | set(drafter.heads if drafter is not None else ())
         for name, head in sorted(self.heads.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay
             head.activate(name in used)  # a head follows the target only for generations that draft with it
         if any(not self.heads[name].synced for name in used if name in self.heads):
@@ -349,6 +355,10 @@ class Engine(Closing):
     def _check_open(self) -> None:
         if self.target_ctx is None:
             raise GGUFSpecError("this Engine is closed; open a new one")
+
+    def __enter__(self) -> "Engine":
+        self._check_open()
+        return self
 
     def generate(self, prompt: str | bytes | None = None, *, messages: list[dict] | None = None,
                  prompt_tokens: list[int] | None = None, settings: GenerationSettings | None = None,

@@ -8,6 +8,7 @@ noise and the verification policy; `chunks()` prefills, runs the rounds and turn
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, fields, replace
@@ -67,37 +68,45 @@ class GenerationSettings(SamplingParams):
         """The sampling rule in force (greedy rounds use neither)."""
         return self.sampling_rule or ("coupled" if self.seed is not None else "rejection")
 
-    def validate(self) -> "GenerationSettings":
-        """Every setting's type, then its range: GGUFSpecError naming the flag of the first bad one."""
-        self._check_types()
+    def validate(self, names: str = "flags") -> "GenerationSettings":
+        """Every setting's type, then its range: GGUFSpecError naming the first bad one as the caller knows it
+        (names="flags": the command line's flag; "fields": the setting's own name, as a server's request sets it)."""
+        def n(setting: str) -> str:
+            return setting if names == "fields" else FLAGS.get(setting, setting)
+
+        self._check_types(names)
+        stop_strings(self.stop, n("stop"))
         checks = [
-            (self.max_tokens >= 1, f"-n/--n-predict must be at least 1 (got {self.max_tokens})"),
+            (self.max_tokens >= 1, f"{n('max_tokens')} must be at least 1 (got {self.max_tokens})"),
             (math.isfinite(self.temperature) and self.temperature >= 0,
-             f"--temp must be a finite number >= 0 (got {self.temperature})"),
-            (self.top_k >= 0, f"--top-k must be >= 0 (got {self.top_k}; 0 turns it off)"),
-            (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (got {self.top_p})"),
-            (0 <= self.min_p < 1, f"--min-p must be in [0, 1) (got {self.min_p})"),
-            (self.draft_max is None or self.draft_max >= 1, f"--draft-max must be at least 1 (got {self.draft_max})"),
-            (self.draft_min >= 0, f"--draft-min must be 0 or more (got {self.draft_min})"),
+             f"{n('temperature')} must be a finite number >= 0 (got {self.temperature})"),
+            (self.top_k >= 0, f"{n('top_k')} must be >= 0 (got {self.top_k}; 0 turns it off)"),
+            (0 < self.top_p <= 1, f"{n('top_p')} must be in (0, 1] (got {self.top_p})"),
+            (0 <= self.min_p < 1, f"{n('min_p')} must be in [0, 1) (got {self.min_p})"),
+            (self.draft_max is None or self.draft_max >= 1, f"{n('draft_max')} must be at least 1 (got {self.draft_max})"),
+            (self.draft_min >= 0, f"{n('draft_min')} must be 0 or more (got {self.draft_min})"),
             (self.draft_max is None or self.draft_min <= self.draft_max,
-             f"--draft-min must not exceed --draft-max={self.draft_max} (got {self.draft_min})"),
-            (self.draft_p_min is None or 0 <= self.draft_p_min < 1, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})"),
-            (self.lookup_max >= 1, f"--lookup-max must be at least 1 (got {self.lookup_max})"),
+             f"{n('draft_min')} must not exceed {n('draft_max')}={self.draft_max} (got {self.draft_min})"),
+            (self.draft_p_min is None or 0 <= self.draft_p_min < 1,
+             f"{n('draft_p_min')} must be in [0, 1) (got {self.draft_p_min})"),
+            (self.lookup_max >= 1, f"{n('lookup_max')} must be at least 1 (got {self.lookup_max})"),
             (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
-            (self.mode in MODES, f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})"),
+            (self.mode in MODES, f"{n('mode')} must be one of {', '.join(MODES)} (got {self.mode!r})"),
             (self.seed is None or 0 <= self.seed <= MAX_SEED,
-             f"-s/--seed must be between 0 and 2**63-1 = {MAX_SEED} (got {self.seed})"),
+             f"{n('seed')} must be between 0 and 2**63-1 = {MAX_SEED} (got {self.seed})"),
             (self.sampling_rule in (None, *SAMPLING_RULES),
-             f"--sampling-rule must be one of {', '.join(SAMPLING_RULES)} (got {self.sampling_rule!r})"),
+             f"{n('sampling_rule')} must be one of {', '.join(SAMPLING_RULES)} (got {self.sampling_rule!r})"),
             (all(isinstance(x, str) and x for x in self.stop),
-             f"--stop: every stop string must be non-empty text (got {list(self.stop)!r}; an empty one would stop at once)"),
+             f"{n('stop')}: every stop string must be non-empty text (got {list(self.stop)!r}; an empty one would stop at once)"),
         ]
         for ok, message in checks:
             if not ok:
                 raise GGUFSpecError(message)
+        for x in self.stop:
+            check_text(x, n("stop"))
         return self
 
-    def _check_types(self) -> None:
+    def _check_types(self, names: str = "flags") -> None:
         for name, (flag, kind) in SETTING_TYPES.items():
             value = getattr(self, name)
             if value is None and name in OPTIONAL:
@@ -106,7 +115,8 @@ class GenerationSettings(SamplingParams):
             number = kind is float and isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
             if not (whole or number or (kind in (str, bool) and isinstance(value, kind))):
                 what = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}[kind]
-                raise GGUFSpecError(f"{flag} must be {what} (got {value!r}, {type(value).__name__})")
+                label = name if names == "fields" else flag
+                raise GGUFSpecError(f"{label} must be {what} (got {_short(value)}, {type(value).__name__})")
 
 
 # The type each setting must have, and the flag that names it in a message (API users see the same flags).
@@ -119,6 +129,11 @@ SETTING_TYPES = {
     "ignore_eos": ("ignore_eos", bool), "reuse_prompt": ("reuse_prompt", bool), "exact": ("exact", bool),
 }
 OPTIONAL = {"seed", "draft_max", "draft_p_min", "exact"}  # None: the default rule decides
+# The command line's flag for each setting, as range errors name it (validate(names="fields") names the setting).
+FLAGS = {"max_tokens": "-n/--n-predict", "temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p",
+         "min_p": "--min-p", "draft_max": "--draft-max", "draft_min": "--draft-min", "draft_p_min": "--draft-p-min",
+         "lookup_max": "--lookup-max", "mode": "--mode", "seed": "-s/--seed", "sampling_rule": "--sampling-rule",
+         "stop": "--stop"}
 
 
 @dataclass(frozen=True)
@@ -147,37 +162,108 @@ class Result:
                 "n_prompt": len(self.prompt_tokens), "stats": self.stats.to_dict()}
 
 
-def resolve_settings(settings: GenerationSettings | None, overrides: dict) -> GenerationSettings:
+def resolve_settings(settings: GenerationSettings | None, overrides: dict, names: str = "flags") -> GenerationSettings:
+    """settings with overrides applied, checked (`validate`); stop may be None, one string or a list of them."""
     known = {f.name for f in fields(GenerationSettings)}
     unknown = set(overrides) - known
     if unknown:
         raise TypeError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
     s = replace(settings or GenerationSettings(), **overrides)
-    if s.stop is None:
-        s = replace(s, stop=())
-    elif isinstance(s.stop, str):
-        s = replace(s, stop=(s.stop,))
-    elif not isinstance(s.stop, tuple):
-        s = replace(s, stop=tuple(s.stop))
-    return s.validate()
+    return replace(s, stop=stop_strings(s.stop, "stop" if names == "fields" else FLAGS["stop"])).validate(names)
+
+
+def stop_strings(value, name: str = "--stop") -> tuple[str, ...]:
+    """Stop strings as a tuple, from None, one string, or a list or tuple of strings; anything else is one line."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    raise GGUFSpecError(f"{name} must be a string or a list of strings (got {_short(value)})")
+
+
+def check_text(text: str, where: str) -> str:
+    """Text that UTF-8 can carry (llama.cpp's tokenizer takes UTF-8): a lone surrogate (a JSON "\\ud800" with no
+    pair, a str made from broken bytes) is one line naming where, instead of an encoder's error deep inside."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GGUFSpecError(f"{where} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
+                            "which is not text: send valid Unicode") from None
+    return text
 
 
 def check_messages(messages, where: str = "messages") -> list[dict]:
-    """Chat messages as a template needs them: a non-empty list of {"role": str, "content": str}
-    (extra keys allowed); anything else is one line naming the first bad entry."""
+    """Chat messages as a template needs them: a non-empty list of {"role": str, "content": str} (extra keys
+    allowed), a content of OpenAI's text parts ([{"type": "text", "text": ...}]) flattened into one string, one
+    part a line, as llama-server does; anything else is one line naming the first bad entry."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)) or not messages:
         raise GGUFSpecError(f"{where} must be a non-empty list of {{\"role\": ..., \"content\": ...}} dicts "
                             f"(got {_short(messages)})")
+    out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
             raise GGUFSpecError(f"{where}[{i}] must be a dict with a `role` string and a `content` string "
                                 f"(got {_short(m)})")
-    return list(messages)
+        content = m["content"] if isinstance(m["content"], str) else _text_parts(m["content"], f"{where}[{i}].content")
+        check_text(m["role"], f"{where}[{i}].role")
+        out.append({**m, "content": check_text(content, f"{where}[{i}].content")})
+    return out
+
+
+def _text_parts(parts: list, where: str) -> str:
+    """OpenAI's content parts, text alone: their texts one a line (llama.cpp's common_chat_msgs_parse_oaicompat)."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            what = f"a part of type {kind!r}" if isinstance(kind, str) else f"{_short(part)}"
+            raise GGUFSpecError(f"{where}[{j}] is {what}: this model takes text parts alone "
+                                "({\"type\": \"text\", \"text\": ...})")
+        if not isinstance(part.get("text"), str):
+            raise GGUFSpecError(f"{where}[{j}].text must be a string (got {_short(part.get('text'))})")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Stream:
+    """Chunks from a generator, as a stream whose error stays: once a round raised GGUFSpecError (a stream superseded,
+    its Engine closed), each later next() raises it again, where an ended generator would stop with a bare
+    StopIteration; close() ends it (and frees what the generator holds)."""
+
+    def __init__(self, chunks: Iterator[Chunk]):
+        self._chunks, self._error = chunks, None
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> Chunk:
+        if self._error is not None:
+            raise self._error
+        try:
+            return next(self._chunks)
+        except GGUFSpecError as e:
+            self._error = e
+            raise
+
+    def close(self) -> None:
+        self._error = None
+        self._chunks.close()
+
+
+def keeps_its_error(chunks: Callable[..., Iterator[Chunk]]) -> Callable[..., Stream]:
+    """A generator function of Chunks made a function that returns its chunks as a `Stream`."""
+    @functools.wraps(chunks)
+    def stream(*args, **kwargs) -> Stream:
+        return Stream(chunks(*args, **kwargs))
+
+    return stream
 
 
 class Generation:

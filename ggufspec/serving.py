@@ -201,6 +201,10 @@ def _finish(g: Generation, plan, rows=None, verification: Verification | None = 
         return e
 
 
+class ServerStopping(GGUFSpecError):
+    """What a request still running or waiting gets when the server stops before it is done."""
+
+
 @dataclass
 class Ticket:
     """One request: what to generate, and where its chunks go (`deliver(chunk)`, then `deliver(None)` at the end,
@@ -243,18 +247,21 @@ class Scheduler:
         self.totals = Totals()
         self._wake = threading.Condition()
         self._stopping = False
+        self.ended_at_stop = 0  # requests still running or waiting when it stopped
         self._thread = threading.Thread(target=self._run, name="ggufspec-scheduler", daemon=True)
 
     def start(self) -> "Scheduler":
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """Stop after the step under way; each request running or waiting gets ServerStopping. Returns how many."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         if self._thread.is_alive():
             self._thread.join()
+        return self.ended_at_stop
 
     def submit(self, ticket: Ticket) -> int:
         """Queue a request; returns how many wait before it (0: it starts at the next step if a slot is free)."""
@@ -286,10 +293,12 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 (a fault of the step, not of one request: end those running)
                 for slot in list(self.active):
                     self._end(slot, error=e)
+        stopping = ServerStopping("the server stopped before this request finished; send it again once it is back")
+        self.ended_at_stop = len(self.active) + len(self.waiting)
         for slot in list(self.active):
-            self._end(slot, error=GGUFSpecError("the server is shutting down"))
+            self._end(slot, error=stopping)
         for ticket in self.waiting:
-            ticket.deliver(GGUFSpecError("the server is shutting down"))
+            ticket.deliver(stopping)
 
     def _admit(self) -> None:
         while len(self.active) < self.n_slots:

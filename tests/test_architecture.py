@@ -199,6 +199,16 @@ def test_every_drafter_is_a_drafter():
     assert base.propose([1, 2], 4, SamplingParams(), np.random.default_rng(0)).tokens == []
 
 
+def test_the_engine_asks_no_drafter_what_it_is():
+    """What a drafter can do is declared on the Drafter seam (lazy_model, heads), with defaults every drafter has:
+    the engine asks none with hasattr or getattr."""
+    tree = ast.parse((PACKAGE / "engine.py").read_text())
+    asked = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id in ("hasattr", "getattr") and n.args and "drafter" in ast.unparse(n.args[0])]
+    assert not asked, asked
+    assert Drafter.lazy_model is False and dict(Drafter.heads) == {}
+
+
 class Recorder(Drafter):
     """Proposes the same tokens every round and keeps what the loop tells it back."""
 

@@ -42,8 +42,11 @@ def test_a_stream_superseded_by_a_later_generation_says_so(engine):
     stream = engine.stream("hello world", max_tokens=30, ignore_eos=True)
     next(stream)
     engine.generate("def f(x):", max_tokens=5)
-    with pytest.raises(GGUFSpecError, match="superseded by a later generation"):
-        next(stream)
+    for _ in range(2):  # and again at each try (an ended generator would stop with a bare StopIteration)
+        with pytest.raises(GGUFSpecError, match="superseded by a later generation"):
+            next(stream)
+    stream.close()
+    assert list(stream) == []
     assert len(engine.generate("hello world", max_tokens=30, ignore_eos=True).tokens) == 30  # and the engine works
 
 
@@ -86,6 +89,37 @@ def test_stop_none_and_empty_stop(engine):
         engine.generate("hello", max_tokens=12, stop=[""])
 
 
+@pytest.mark.parametrize("stop", [5, True, 1.5, {"a": 1}, ["a", 2]])
+def test_stop_of_the_wrong_type_is_one_error(engine, stop):
+    with pytest.raises(GGUFSpecError, match="--stop must be a string or a list of strings"):
+        engine.generate("hello", max_tokens=2, stop=stop)
+
+
+def test_text_that_is_not_unicode_is_one_error_naming_where(engine):
+    """A lone surrogate (what a JSON "\\ud800" or broken bytes decoded with surrogateescape leave in a str) cannot
+    reach llama.cpp's UTF-8 tokenizer: one error naming the prompt, the message or the stop string."""
+    with pytest.raises(GGUFSpecError, match=r"the prompt holds a lone surrogate \(U\+D800 at character 0\)"):
+        engine.generate("\ud800x", max_tokens=2)
+    with pytest.raises(GGUFSpecError, match=r"messages\[1\]\.content holds a lone surrogate \(U\+DFFF"):
+        engine.generate(messages=[{"role": "system", "content": "ok"}, {"role": "user", "content": "a\udfff"}])
+    with pytest.raises(GGUFSpecError, match="--stop holds a lone surrogate"):
+        engine.generate("hello", max_tokens=2, stop=["\ud800"])
+
+
+def test_content_parts_are_their_text(engine):
+    """OpenAI's content parts are the text they hold, one part a line (llama-server's rule); other parts are refused."""
+    def parts(*texts):
+        return [{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}]
+
+    assert engine.tokenize_prompt(messages=parts("hi")) == engine.tokenize_prompt(messages=[{"role": "user", "content": "hi"}])
+    assert engine.tokenize_prompt(messages=parts("a", "b")) == engine.tokenize_prompt(
+        messages=[{"role": "user", "content": "a\nb"}])
+    with pytest.raises(GGUFSpecError, match=r"messages\[0\]\.content\[0\] is a part of type 'input_audio'"):
+        engine.tokenize_prompt(messages=[{"role": "user", "content": [{"type": "input_audio"}]}])
+    with pytest.raises(GGUFSpecError, match=r"messages\[0\]\.content\[0\]\.text must be a string"):
+        engine.tokenize_prompt(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}])
+
+
 def test_a_closed_engine_says_so(tiny):
     e = Engine(tiny["target"], n_ctx=64)
     e.close()
@@ -96,6 +130,9 @@ def test_a_closed_engine_says_so(tiny):
         e.generate("hi", max_tokens=2)
     with pytest.raises(GGUFSpecError, match="this Engine is closed"):
         e.tokenize_prompt("hi")
+    with pytest.raises(GGUFSpecError, match="this Engine is closed"):
+        with e:
+            pass
 
 
 @pytest.mark.parametrize("temp", ["1e-38", "1e-320"])

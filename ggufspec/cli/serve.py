@@ -22,8 +22,13 @@ from .options import model_options, sampling_options, split_options, user_errors
 @click.option("--alias", default=None, help="The model's name in /v1/models and in answers (default: the target's).")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests that may wait for a sequence; beyond that a request gets a 503.")
+@click.option("--api-key", default=None, envvar="GGUFSPEC_API_KEY", show_envvar=True,
+              help="A key every request but /health must send (`Authorization: Bearer KEY`), as llama-server's.")
+@click.option("--grace", type=float, default=5.0, show_default=True, metavar="SECONDS",
+              help="After Ctrl-C or SIGTERM, how long requests in flight may go on; then each is answered that the "
+                   "server stopped.")
 @user_errors
-def serve_command(host, port, n_seq, kv_unified, alias, max_queue, **options):
+def serve_command(host, port, n_seq, kv_unified, alias, max_queue, api_key, grace, **options):
     """Serve the target over an OpenAI-compatible HTTP API, several requests at once in one batched verify.
 
     -c is shared by the -np sequences (as in llama-server); --mode and the sampling flags are the defaults a
@@ -40,12 +45,19 @@ def serve_command(host, port, n_seq, kv_unified, alias, max_queue, **options):
 
     from ..generation import GenerationSettings, resolve_settings
     from ..models.resolve import merge_pair_settings, open_engine
-    from ..server import check_address, serve
+    from ..server import check_address, is_loopback, serve
 
     check_count(max_queue, "--max-queue", 0)
     if not 0 < port < 65536:
         raise GGUFSpecError(f"--port must be between 1 and 65535 (got {port})")
+    if not 0 <= grace <= 3600:
+        raise GGUFSpecError(f"--grace must be between 0 and 3600 seconds (got {grace:g})")
+    if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key)):
+        raise GGUFSpecError("--api-key must be one word without spaces (a client sends it as `Bearer KEY`)")
     check_address(host, port)
+    if not is_loopback(host):
+        click.echo(f"ggufspec serve: listening on {host}, not this machine alone: anyone who can reach port {port} "
+                   + ("and has the API key can use it" if api_key else "can use it (no --api-key given)"), err=True)
     load, settings, draft_max = split_options(options, n_seq=n_seq, kv_unified=kv_unified)
     if draft_max is not None:
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
@@ -61,4 +73,10 @@ def serve_command(host, port, n_seq, kv_unified, alias, max_queue, **options):
             click.echo(f"ggufspec serve: {name} on {url}/v1 ({n_seq} sequences of {engine.n_ctx} tokens, "
                        f"mode {defaults.mode}); Ctrl-C stops it", err=True)
 
-        serve(engine, name, defaults, host=host, port=port, max_queue=max_queue, ready=ready)
+        stopped_by = serve(engine, name, defaults, host=host, port=port, max_queue=max_queue, api_key=api_key,
+                           grace=grace, ready=ready, say=lambda line: click.echo(line, err=True))
+    if stopped_by is not None:  # as a shell reports a command its signal stopped: 130 for Ctrl-C, 143 for SIGTERM
+        import signal
+
+        click.echo(f"ggufspec serve: stopped by {signal.Signals(stopped_by).name}", err=True)
+        raise SystemExit(128 + stopped_by)
