@@ -578,3 +578,99 @@ def test_bench_chat_prompts_on_a_model_without_a_template(tiny, tmp_path):
     line = one_line(run("bench", "-m", tiny["same"], "--prompts", f, "-n", 4), f"p-1 ({f}, line 2)",
                     "no chat template", "`prompt` string")
     assert "-p" not in line.split(": ", 1)[1] and "--chat" not in line
+
+
+# -- bench --concurrency: the same checks as plain bench, before a server starts ---------------------------------
+
+def refused(result, *needles) -> str:
+    """`one_line`, past the notes a busy machine's cost measuring may print first ("ggufspec: ... measuring again")."""
+    from types import SimpleNamespace
+
+    stderr = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("ggufspec: "))
+    return one_line(SimpleNamespace(exit_code=result.exit_code, exception=result.exception, stderr=stderr), *needles)
+
+
+SAME_LINE = [(["-n", 1], "-n must be at least 2 (got 1)"),
+             (["--modes", "bogus"], "--modes: unknown mode 'bogus'; choose from target, draft-alone"),
+             (["--temp", -1], "--temp must be a finite number >= 0 (got -1.0)"),
+             (["--repeats", 0], "--repeats must be at least 1"),
+             (["--draft-max", "1,,2"], "--draft-max has an empty item (got '1,,2')"),
+             (["--modes", "draft"], "--modes draft needs a draft model"),
+             (["--modes", "mtp"], "--modes mtp needs a target with MTP (NextN) layers; target.gguf has none"),
+             (["-c", 8], "raise -c")]
+
+
+@pytest.mark.parametrize("args,needle", SAME_LINE, ids=[" ".join(map(str, a)) for a, _ in SAME_LINE])
+def test_bench_and_its_concurrency_refuse_a_bad_setting_in_the_same_line(tiny, args, needle):
+    """--concurrency took these (it ran, or failed with the server's bare 400): now each is plain bench's line."""
+    base = ["bench", "-m", tiny["target"], "-ngl", 0, "--suite", "code", "--limit", 1, "-n", 4]
+    plain = refused(run(*base, *args), needle)
+    assert refused(run(*base, *args, "--concurrency", 2), needle) == plain
+
+
+def test_what_only_concurrency_refuses_is_one_line(tiny):
+    base = ["bench", "-m", tiny["target"], "-ngl", 0, "--suite", "code", "--limit", 1, "-n", 4]
+    refused(run(*base, "--concurrency", "1,,2"), "--concurrency has an empty item (got '1,,2')")
+    refused(run(*base, "--concurrency", "1,2,"), "--concurrency has an empty item")
+    refused(run(*base, "--concurrency", 1, "--temp", 0.5), "--concurrency sends greedy fixed-length requests")
+    refused(run(*base, "--concurrency", 1, "-md", tiny["close"], "--modes", "target,draft-alone"),
+            "--modes draft-alone: bench --concurrency runs", "target, lookup, draft, auto")
+
+
+def test_concurrency_with_c_too_small_for_a_prompt_is_one_line_before_the_server(tiny, tmp_path):
+    """-c is each sequence's context: a prompt and -n that do not fit it are refused as plain bench refuses them
+    (the server refused each request instead)."""
+    f = tmp_path / "p.txt"
+    f.write_text("short\n" + "a long prompt " * 4 + "\n")
+    refused(run("bench", "-m", tiny["target"], "-ngl", 0, "--prompts", f, "-c", 100, "-n", 60, "--concurrency", 2),
+            f"prompt p-1 ({f}, line 2) is", "with -n 60 it needs a context of", "more than -c 100", "raise -c to")
+
+
+def test_concurrency_sizes_the_context_from_the_prompts_tokens(tiny):
+    """A prompt of more tokens than its characters / 2 (the tiny model's byte tokens) once outgrew the context
+    estimated for it, and the server refused the request; the context is sized again from the tokens."""
+    r = run("bench", "-m", tiny["target"], "-ngl", 0, "--suite", "summarize", "--limit", 1, "-n", 4, "--modes",
+            "target", "--concurrency", 1, "--json")
+    assert r.exit_code == 0, r.output
+    assert [(row["config"], row["tokens"]) for row in json.loads(r.stdout)["rows"]] == [("ggufspec target", 4)]
+
+
+def test_a_request_the_server_refuses_shows_the_servers_message():
+    """The server's one line (OpenAI's error body) is what the client says, not urllib's 'Bad Request'; a body of
+    another shape leaves the status's own text."""
+    import http.server
+    import threading
+
+    from ggufspec.bench.concurrency import ask
+    from ggufspec.errors import GGUFSpecError
+
+    answers = {"/openai": (400, b'{"error": {"message": "the prompt is 900 tokens; a request may use 512", '
+                                b'"type": "invalid_request_error", "code": 400}}'),
+               "/other": (503, b"<html>down</html>")}
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status, body = answers[self.path]
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(GGUFSpecError) as refused:
+            ask(url, 0, "/openai", {"prompt": "x"}, timeout=30)
+        assert str(refused.value) == (f"{url}/openai: the server refused the request (HTTP 400): the prompt is 900 "
+                                      "tokens; a request may use 512")
+        with pytest.raises(GGUFSpecError) as other:
+            ask(url, 0, "/other", {"prompt": "x"}, timeout=30)
+        assert str(other.value) == f"{url}/other: the server refused the request (HTTP 503): Service Unavailable"
+    finally:
+        server.shutdown()
+        server.server_close()

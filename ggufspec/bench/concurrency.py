@@ -18,12 +18,15 @@ import statistics
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..core import MODES
 from ..errors import GGUFSpecError
 from .reference import _env, _program
+from .runs import BenchSettings, check_modes, prompt_tokens, tokenized_prompts
 
 SERVER_MODES = ("target", "lookup", "draft", "auto")  # modes a ggufspec server runs per request (heads: one stream)
 STARTUP_SECONDS = 300
@@ -78,6 +81,8 @@ def ask(url: str, index: int, path: str, body: dict, timeout: float) -> Answer:
                 parts.append(piece)
                 usage = event.get("usage") or usage
                 timings = event.get("timings") or timings  # llama-server's, with its draft's counts
+    except urllib.error.HTTPError as e:
+        raise GGUFSpecError(f"{url}{path}: the server refused the request (HTTP {e.code}): {refusal(e)}") from None
     except OSError as e:
         raise GGUFSpecError(f"{url}{path}: the request failed ({e})") from None
     done = time.perf_counter()
@@ -85,6 +90,15 @@ def ask(url: str, index: int, path: str, body: dict, timeout: float) -> Answer:
     accepted = usage.get("accepted_tokens", timings.get("draft_n_accepted", 0))
     return Answer(index, "".join(parts), int(usage.get("completion_tokens", 0)), sent, first or done, done,
                   int(drafted or 0), int(accepted or 0))
+
+
+def refusal(error: urllib.error.HTTPError) -> str:
+    """What the server said of a refused request: its OpenAI-shaped body's error message, else the status's text."""
+    try:
+        message = json.loads(error.read())["error"]["message"]
+    except (OSError, ValueError, TypeError, KeyError):
+        message = None
+    return " ".join(message.split()) if isinstance(message, str) and message.strip() else str(error.reason)
 
 
 def run_clients(url: str, prompts: list, concurrency: int, max_tokens: int, extra: dict,
@@ -200,28 +214,74 @@ def slot_tokens(prompts: list, max_tokens: int) -> int:
     return -(-need // 256) * 256
 
 
-def concurrency_bench(load, prompts: list, modes: tuple[str, ...], levels: tuple[int, ...], max_tokens: int,
-                      llama_cpp_bin: str | None = None, note=lambda line: None) -> dict:
+def request_tokens(engine, prompt) -> list[int]:
+    """A bench Prompt's tokens as ggufspec's server counts them for `body_for`'s request: chat messages through the
+    model's template, text as it is (unlike plain bench's runs, which put text through the template too)."""
+    model = engine.target_model
+    if prompt.messages is None:
+        return model.tokenize(prompt.text)
+    return model.tokenize_chat(list(prompt.messages)) if model.chat_template else prompt_tokens(engine, prompt)
+
+
+def fitted_engine(load, prompts: list, modes: tuple[str, ...], levels: tuple[int, ...], max_tokens: int,
+                  slot_ctx: int | None):
+    """An Engine of max(levels) sequences, each with room for every prompt and -n tokens, checked before a server
+    starts (the server refuses a request that does not fit): slot_ctx tokens each (-c: one line where a prompt does
+    not fit), or None: sized from the prompts, and sized again from their tokens where the estimate was short."""
+    from ..models.resolve import open_engine
+
+    def opened(slot: int):
+        return open_engine(replace(load, n_seq=max(levels), n_ctx=max(levels) * slot, use_default=True), modes=modes)[0]
+
+    engine = opened(slot_ctx or slot_tokens(prompts, max_tokens))
+    try:
+        if slot_ctx is None:
+            try:
+                need = max(len(request_tokens(engine, p)) for p in prompts) + max_tokens
+            except GGUFSpecError:
+                need = 0  # a prompt the model cannot take: tokenized_prompts says which
+            if need > engine.n_ctx:
+                engine.close()
+                engine = opened(-(-need // 256) * 256)
+        tokenized_prompts(engine, prompts, max_tokens, request_tokens)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tuple[int, ...],
+                      llama_cpp_bin: str | None = None, slot_ctx: int | None = None, note=lambda line: None) -> dict:
     """Every mode at every concurrency on one ggufspec server (one Engine of max(levels) sequences), then llama.cpp's
     llama-server; {"rows": [...], "meta": {...}}. Each row's vs_off: its aggregate tok/s over ggufspec's with
-    speculation off at the same concurrency; identical: requests whose text is the target's own (greedy, alone)."""
-    from dataclasses import replace
+    speculation off at the same concurrency; identical: requests whose text is the target's own (greedy, alone).
 
+    settings: its modes and -n (max_tokens), checked as plain bench checks them (`BenchSettings.validate`,
+    `check_modes`) before a server starts; a mode asked for by name that a server does not run for several clients
+    (SERVER_MODES) is one line. slot_ctx: each sequence's context (-c), None: sized from the prompts and -n."""
     from ..generation import GenerationSettings
     from ..llama.backend import machine
-    from ..models.resolve import open_engine
     from ..server import InThread
 
-    levels = tuple(sorted(set(levels)))
-    modes = ("target",) + tuple(m for m in modes if m in SERVER_MODES and m != "target")
-    slot = slot_tokens(prompts, max_tokens)
-    engine, _ = open_engine(replace(load, n_seq=max(levels), n_ctx=max(levels) * slot, use_default=True), modes=modes)
+    settings.validate()
+    if not settings.greedy or not settings.ignore_eos:
+        raise GGUFSpecError("bench --concurrency sends greedy fixed-length requests: drop --temp and --natural-stop")
+    levels, max_tokens = tuple(sorted(set(levels))), settings.max_tokens
+    modes = ("target",) + tuple(m for m in settings.modes if m in SERVER_MODES and m != "target")
+    engine = fitted_engine(load, prompts, modes, levels, max_tokens, slot_ctx)
     rows, reference = [], {}
     with engine:
+        # what the files have, whether or not loaded: an Engine of several sequences loads no MTP layers
+        heads = set(engine.heads) | ({"mtp"} if engine.target_model.info.n_nextn else set())
+        check_modes(settings.modes, engine.draft_model is not None, heads, engine.target_model.path.name)
+        unserved = [m for m in settings.modes if m not in SERVER_MODES]
+        if unserved and tuple(settings.modes) != MODES:
+            raise GGUFSpecError(f"--modes {','.join(unserved)}: bench --concurrency runs the modes a server runs for "
+                                f"several clients at once, {', '.join(SERVER_MODES)}; leave it out")
         modes = tuple(m for m in modes if m not in ("draft",) or engine.draft_model is not None)
         with InThread(engine, "bench", GenerationSettings(), max_queue=4 * max(levels)) as server:
             for mode in modes:  # warm-up: the first request of a mode pays for what later ones find ready
-                run_clients(server.url, prompts[:1], 1, 8, {"mode": mode})
+                run_clients(server.url, prompts[:1], 1, min(8, max_tokens), {"mode": mode})
             for n in levels:
                 for mode in modes:
                     answers, seconds = run_clients(server.url, prompts, n, max_tokens, {"mode": mode})
@@ -232,6 +292,7 @@ def concurrency_bench(load, prompts: list, modes: tuple[str, ...], levels: tuple
         target, draft = engine.target_model, engine.draft_model
         paths = (target.path, draft.path if draft is not None and engine.bridge is None else None)
         ngl, threads = target.n_gpu_layers, engine.target_ctx.n_threads
+        slot = engine.n_ctx
     if llama_cpp_bin:
         rows += llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, max_tokens, slot, threads, ngl,
                                   reference, note)

@@ -87,19 +87,27 @@ class BenchSettings:
         return self
 
 
-def plan(settings: BenchSettings, has_draft: bool, heads=()) -> list[Config]:
+def check_modes(modes: tuple[str, ...], has_draft: bool, heads=(), target: str = "this target") -> None:
+    """One line for the first mode asked for by name that the models cannot run: a draft model's without one, a
+    head's without it (heads: those the models have, of mtp, eagle3, dflash; target: the target's name). The
+    default modes (every one) ask for nothing by name: the rows the models cannot run are left out instead."""
+    if tuple(modes) == MODES:
+        return
+    unrunnable = [mode for mode in modes if mode in MODEL_MODES] if not has_draft else []
+    if unrunnable:
+        raise GGUFSpecError(f"--modes {','.join(unrunnable)} needs a draft model: give -md DRAFT or name a pair")
+    mode = next((mode for mode in modes if mode in HEAD_MODES and HEAD_MODES[mode] not in heads), None)
+    if mode is not None:
+        raise GGUFSpecError(f"--modes {mode} needs " + (f"a target with MTP (NextN) layers; {target} has none"
+                                                        if mode in MTP_MODES else f"an {mode} draft GGUF given with -md"))
+
+
+def plan(settings: BenchSettings, has_draft: bool, heads=(), target: str = "this target") -> list[Config]:
     """The rows to run. Without --draft-max values, draft rows draft settings.draft_length tokens (the
     pair's, or DRAFT_MAX) and auto's row drafts as far as the measured costs say pays. Rows of modes the
-    models cannot run (a draft model's without one, a head's without it: heads names those the engine has, of
-    mtp, eagle3, dflash) are left out of the default modes, and one line where asked for by name."""
-    unrunnable = [mode for mode in settings.modes if mode in MODEL_MODES] if not has_draft else []
-    if unrunnable and tuple(settings.modes) != MODES:  # asked for by name: say so instead of leaving the rows out
-        raise GGUFSpecError(f"--modes {','.join(unrunnable)} needs a draft model: give -md DRAFT or name a pair")
+    models cannot run are left out of the default modes, and one line where asked for by name (`check_modes`)."""
+    check_modes(settings.modes, has_draft, heads, target)
     headless = [mode for mode in settings.modes if mode in HEAD_MODES and HEAD_MODES[mode] not in heads]
-    if headless and tuple(settings.modes) != MODES:
-        mode = headless[0]
-        raise GGUFSpecError(f"--modes {mode} needs " + ("a target with MTP (NextN) layers; this one has none"
-                                                        if mode in MTP_MODES else f"an {mode} draft GGUF given with -md"))
     configs = []
     for mode in settings.modes:
         if (mode in MODEL_MODES and not has_draft) or mode in headless:
@@ -129,13 +137,15 @@ def prompt_tokens(engine: Engine, prompt: Prompt) -> list[int]:
     return engine.tokenize_prompt(prompt.text)
 
 
-def tokenized_prompts(engine: Engine, prompts: list[Prompt], max_tokens: int) -> list[tuple[Prompt, list[int]]]:
-    """Every prompt with its tokens, all checked before anything runs: a prompt and -n tokens must fit the
-    context (a prompt that fills it would end the run halfway); one line names the longest that does not."""
+def tokenized_prompts(engine: Engine, prompts: list[Prompt], max_tokens: int,
+                      tokenize=prompt_tokens) -> list[tuple[Prompt, list[int]]]:
+    """Every prompt with its tokens (`tokenize(engine, prompt)`), all checked before anything runs: a prompt and
+    -n tokens must fit the context, a sequence's share of it where the engine holds several (a prompt that fills it
+    would end the run halfway, or a server refuse the request); one line names the longest that does not."""
     out = []
     for p in prompts:
         try:
-            out.append((p, prompt_tokens(engine, p)))
+            out.append((p, tokenize(engine, p)))
         except GGUFSpecError as e:
             raise GGUFSpecError(f"prompt {p.where}: {e}") from None
     too_long = [(p, len(t)) for p, t in out if len(t) + max_tokens > engine.n_ctx]
@@ -183,7 +193,7 @@ class Progress:
 def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: list[Run], progress=None) -> list[Run]:
     """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done);
     `progress(Progress)` after each (warm-up runs count in the total)."""
-    configs = plan(settings, engine.draft_model is not None, set(engine.heads))
+    configs = plan(settings, engine.draft_model is not None, set(engine.heads), engine.target_model.path.name)
     tokenized = tokenized_prompts(engine, prompts, settings.max_tokens)
     proc = psutil.Process()
     total = len(configs) * (settings.warmup + settings.repeats * len(prompts))

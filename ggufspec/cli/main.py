@@ -172,7 +172,9 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
                                repeats, warmup, not natural_stop, given, reuse_prompt)
     prompts = load_prompts(prompts_file, suites, limit)
     if concurrency is not None:
-        return _bench_concurrency(load, prompts, settings, int_list(concurrency, "--concurrency"), llama_cpp_bin, as_json)
+        given_ctx = click.get_current_context().get_parameter_source("n_ctx") != click.core.ParameterSource.DEFAULT
+        return _bench_concurrency(load, prompts, settings, int_list(concurrency, "--concurrency"), llama_cpp_bin,
+                                  load.n_ctx if given_ctx else None, as_json)
     if plot:
         from ..bench.report import plot_library
 
@@ -204,8 +206,9 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
         sys.exit(stopped_by(signals)[1])
 
 
-def _bench_concurrency(load, prompts, settings, levels, llama_cpp_bin, as_json) -> None:
-    """bench --concurrency: ggufspec's server (and llama-server) under N clients at once; one table or --json."""
+def _bench_concurrency(load, prompts, settings, levels, llama_cpp_bin, slot_ctx, as_json) -> None:
+    """bench --concurrency: ggufspec's server (and llama-server) under N clients at once; one table or --json.
+    slot_ctx: -c where given, each sequence's context; None: sized from the prompts and -n."""
     from pathlib import Path
 
     from ..bench.concurrency import concurrency_bench, concurrency_table
@@ -214,7 +217,7 @@ def _bench_concurrency(load, prompts, settings, levels, llama_cpp_bin, as_json) 
     if llama_cpp_bin:
         _program(Path(llama_cpp_bin), "llama-server")  # before anything loads
     with terminate_as_interrupt():
-        result = concurrency_bench(load, prompts, settings.modes, levels, settings.max_tokens, llama_cpp_bin,
+        result = concurrency_bench(load, prompts, settings, levels, llama_cpp_bin, slot_ctx,
                                    note=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(result) if as_json else concurrency_table(result))
 

@@ -185,14 +185,18 @@ def split_options(options: dict, **load_extra):
 
 
 def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
-    """'1,3,5' -> (1, 3, 5); None stays None."""
+    """'1,3,5' -> (1, 3, 5); None stays None; an empty item ('1,,2', '1,') is one line, not skipped."""
     if text is None:
         return None
+    items = [x.strip() for x in str(text).split(",")]
+    if "" in items:
+        raise GGUFSpecError(f"{flag} has an empty item (got {text!r}); give whole numbers separated by commas, "
+                            "e.g. 1,2,4")
     try:
-        values = tuple(int(x) for x in str(text).split(",") if x.strip())
+        values = tuple(int(x) for x in items)
     except ValueError:
         raise GGUFSpecError(f"{flag} takes whole numbers separated by commas (got {text!r})") from None
-    if not values or min(values) < 1:
+    if min(values) < 1:
         raise GGUFSpecError(f"{flag} values must be at least 1 (got {text!r})")
     return values
 
