@@ -16,7 +16,10 @@ prints one table, step by step inside a time budget, each step's rows saved as s
    llama-bench, and the model drafting for itself (every draft accepted) against speculative-simple, draft-max 1/4/8;
 4. a Llama-3.1-8B-shaped Q4_K target: the same two comparisons at draft-max 4;
 5. `ggufspec costs` for that target with a Llama-3.2-1B-shaped draft: a step, verify batches of 2-64, the draft's step;
-6. auto with that (unhelpful: random) draft against the target alone: never slower.
+6. auto with that (unhelpful: random) draft against the target alone: never slower;
+7. speed at α 0.5, 0.7, 0.9 (dev/alpha_figures.py): a chained 8B-shaped target and 1B-shaped drafts accepted at a
+   chosen rate, ggufspec's draft-max 4 and auto against speculative-simple, and the cost table's forecast at the
+   measured α̂ beside the measured speed-up.
 
     python dev/gpu_figures.py bundle BUILD_DIR .devcarry         # here: BUILD_DIR/bin from a CUDA cmake build
     python3 dev/gpu_figures.py run --bundle .devcarry --out $OUT  # there (device run, carry .devcarry)
@@ -290,7 +293,7 @@ def profile(run: Run, model: Path, n: int) -> None:
             run.say("```\n" + "\n".join(lines[:1] + lines[-16:]) + "\n```")
 
 
-STEPS = ("identity", "standin", "8b", "costs", "auto", "profile")
+STEPS = ("identity", "standin", "8b", "costs", "auto", "alpha", "profile")
 
 
 def main(argv=None) -> int:
@@ -372,6 +375,10 @@ def main(argv=None) -> int:
             run.say("\n## ggufspec costs, 8B-shaped target, 1B-shaped draft\n```\n" + r.stdout.strip() + "\n```")
     if "auto" in steps:  # the random models' text repeats itself: lookup's ground, against llama.cpp's n-gram rows
         run.bench("8B + 1B draft", target, draft, None, n, 3, cap=200, modes="target,lookup,auto")
+    if "alpha" in steps:
+        from alpha_figures import speed_at_alpha
+
+        speed_at_alpha(run, a.work, small, 2 * n, PROMPT, threads=1 if a.small else 0)
     if "profile" in steps:
         run.say(f"\n## Where a round's time goes: the stand-in, {4 * n} tokens, cProfile (tottime)")
         profile(run, standin, 4 * n)
