@@ -64,19 +64,10 @@ HEADER = ("| α | target tok/s | draft-max 4 tok/s | α̂ | near-ties | auto tok
           "n_drafted / n_accept | its α̂ | ggufspec / llama.cpp | speed-up | forecast | forecast / speed-up |")
 
 
-def alpha_from_rounds(accepted_per_round: float, k: int) -> float:
-    """The α at which rounds drafting k tokens each accept accepted_per_round on average: α + α² + ... + α^k
-    (tests/test_chosen_alpha.py's estimator for llama.cpp, which prints counts only)."""
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if sum(mid ** i for i in range(1, k + 1)) < accepted_per_round else (low, mid)
-    return (low + high) / 2
-
-
 def speculative_simple(run, target: Path, draft: Path, prompt: str, n: int, threads: int, name: str) -> dict | None:
     """llama.cpp's speculative-simple (draft-simple, greedy) on the run's placement: tok/s, n_drafted, n_accept and
     α̂; None where it failed. Its log thread can lose the last lines at exit: run again, up to 3 times."""
+    from shaped import alpha_from_rounds
     layers = "all" if run.gpu else "0"
     cmd = [str(run.bin / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "--spec-type",
            "draft-simple", "--spec-draft-n-max", str(DRAFT_MAX), "-p", prompt, "-n", str(n), "-t", str(threads),

@@ -186,3 +186,13 @@ def chained_rows(chain: Chain, types, n_embd: int, rng) -> tuple[np.ndarray, np.
     d = blocks[rows, :, :2].copy().view(np.float16).astype(np.float32) * (chain.logit / n_embd)
     blocks[rows, :, :2] = d.astype(np.float16).view(np.uint8)
     return embeddings, output
+
+
+def alpha_from_rounds(accepted_per_round: float, k: int) -> float:
+    """The α at which rounds drafting k tokens each accept accepted_per_round on average: α + α² + ... + α^k (how
+    α is read from a program that prints counts only, as llama.cpp's speculative-simple)."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if sum(mid ** i for i in range(1, k + 1)) < accepted_per_round else (low, mid)
+    return (low + high) / 2

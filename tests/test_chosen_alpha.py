@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from shaped import Chain, shaped_vocabulary, write_shaped
+from shaped import Chain, alpha_from_rounds, shaped_vocabulary, write_shaped
 from spec_order import reference_bin
 from ggufspec import Engine
 
@@ -50,15 +50,6 @@ def target_only(pair):
 def tolerance(alpha: float, n_draws: int) -> float:
     """Three standard errors of the share of n_draws that succeed with probability alpha."""
     return 3 * math.sqrt(alpha * (1 - alpha) / n_draws)
-
-
-def alpha_from_rounds(accepted_per_round: float, k: int) -> float:
-    """The α at which rounds drafting k tokens each accept accepted_per_round on average: α + α² + ... + α^k."""
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if sum(mid ** i for i in range(1, k + 1)) < accepted_per_round else (low, mid)
-    return (low + high) / 2
 
 
 def test_the_target_writes_the_chain_and_no_token_twice(target_only):
