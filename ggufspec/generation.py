@@ -184,10 +184,11 @@ def stop_strings(value, name: str = "--stop") -> tuple[str, ...]:
 
 
 def check_text(text: str, where: str) -> str:
-    """Text that UTF-8 can carry (llama.cpp's tokenizer takes UTF-8): a lone surrogate (a JSON "\\ud800" with no
-    pair, a str made from broken bytes) is one line naming where, instead of an encoder's error deep inside."""
+    """Text llama.cpp's tokenizer can take: UTF-8, and bytes that are not (which Python holds as the surrogates
+    U+DC80-U+DCFF, as it decodes a command line's, and which go to llama.cpp as the bytes they were). Any other lone
+    surrogate (a JSON "\\ud800" with no pair) is one line naming where, instead of an encoder's error deep inside."""
     try:
-        text.encode("utf-8")
+        text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError as e:
         raise GGUFSpecError(f"{where} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
                             "which is not text: send valid Unicode") from None
