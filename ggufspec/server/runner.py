@@ -22,7 +22,7 @@ def _runner_class():
     import uvicorn
 
     class Runner(uvicorn.Server):
-        """uvicorn's server, which on a stopping signal lets requests in flight go on for GRACE_SECONDS, then ends
+        """uvicorn's server, which on a stopping signal lets requests in flight go on for `grace` seconds, then ends
         each with an answer that says the server stopped (an error event, a 503), and which keeps the signal to
         exit by (uvicorn raises it again, which a shell that ignores SIGINT turns into exit 0)."""
 
