@@ -29,13 +29,17 @@ later) that builds llama.cpp's AMX kernels, which crash on Q4_K/Q6_K weights (ll
 20824), so where the compiler knows the flags they are turned off (-mno-amx-*; repacking and
 AVX-512 stay). The RPC backend is built in too (`-DGGML_RPC=ON`: layers on other machines).
 Your own CMAKE_ARGS come first and are kept. pip caches the wheel by source, not by flags, so
-the build is checked afterwards and rebuilt without the cache if it is not the one asked for.
+the build is checked afterwards; where it is not the one asked for, the wheel built for these flags on this CPU
+before is installed from ~/.cache/ggufspec/wheels (`wheel_dir`), and where there is none it is built (without
+pip's cache, which keeps its own) and kept there: a second backend (a Vulkan environment beside a CPU one) is
+compiled once, not on every install.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes.util
+import hashlib
 import importlib.util
 import os
 import platform
@@ -189,6 +193,35 @@ def pip(*args: str, env: dict) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True, env=env)
 
 
+def wheel_dir(version: str, args: str) -> Path:
+    """Where the llama-cpp-python wheel built with these CMAKE_ARGS for this CPU is kept: a folder per (release,
+    flags, machine, the CPU's feature flags), since pip builds for -march=native."""
+    try:
+        cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        cpu = ""
+    key = hashlib.sha256("\n".join([version, args, platform.system(), platform.machine(), cpu]).encode()).hexdigest()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "ggufspec" / "wheels" / f"llama-cpp-python-{version}-{key[:16]}"
+
+
+def install_own_build(version: str, args: str, env: dict) -> None:
+    """Install the wheel kept for these flags, building and keeping it first where there is none."""
+    where = wheel_dir(version, args)
+    wheels = sorted(where.glob("llama_cpp_python-*.whl"))
+    if not wheels:
+        with tempfile.TemporaryDirectory(dir=where.parent if where.parent.is_dir() else None) as tmp:
+            pip("wheel", "--no-cache-dir", "--no-deps", "-w", tmp, f"llama-cpp-python=={version}", env=env)
+            where.mkdir(parents=True, exist_ok=True)
+            for built in Path(tmp).glob("llama_cpp_python-*.whl"):
+                shutil.move(str(built), where / built.name)  # whole, or not there: never half a wheel
+        wheels = sorted(where.glob("llama_cpp_python-*.whl"))
+    else:
+        print(f"installing the llama-cpp-python built for these flags before ({where})", file=sys.stderr)
+    pip("install", "--force-reinstall", "--no-deps", str(wheels[-1]), env=env)
+
+
 def header_version(include: Path) -> int:
     """VK_HEADER_VERSION of the Vulkan headers under `include` (0 where there are none)."""
     try:
@@ -287,6 +320,14 @@ def asked_backends(args: str) -> list[str]:
             if re.search(rf"-DGGML_{flag}(:BOOL)?=(on|1|true|yes|y)(?![\w-])", args, re.IGNORECASE)]
 
 
+def not_asked(features: list[str], args: str, amx_off: bool) -> list[str]:
+    """How the installed build differs from what these CMAKE_ARGS ask for (empty: it is that build)."""
+    wrong = [why for bad, why in [(amx_off and "AMX_INT8" in features, "it has AMX kernels"),
+                                  ("GGML_RPC=ON" in args and "RPC" not in features, "it lacks the RPC backend")]
+             if bad]
+    return wrong + [f"it lacks the {name} backend" for name in asked_backends(args) if name not in features]
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("extras", nargs="?", default="", help="pip extras: test, plot, or test,plot")
@@ -311,18 +352,19 @@ def main(argv: list[str]) -> int:
     print(f"CMAKE_ARGS={shlex.quote(args)}", file=sys.stderr)
     pip("install", "-e", target, env=env)
     features = built_features()
-    wrong = [why for bad, why in [(amx_off and "AMX_INT8" in features, "it has AMX kernels"),
-                                  ("GGML_RPC=ON" in args and "RPC" not in features, "it lacks the RPC backend")]
-             if bad]
-    wrong += [f"it lacks the {name} backend" for name in asked_backends(args) if name not in features]
+    wrong = not_asked(features, args, amx_off)
     if wrong:
-        # A wheel cached from an earlier build with other flags: build this one afresh.
+        # A wheel pip cached from a build with other flags: the one built for these flags instead.
         version = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
                                  capture_output=True, text=True, check=True).stdout.strip()
-        print(f"the installed llama-cpp-python is not the build asked for ({'; '.join(wrong)}): rebuilding it "
-              "without pip's cache", file=sys.stderr)
-        pip("install", "--force-reinstall", "--no-cache-dir", "--no-deps", f"llama-cpp-python=={version}", env=env)
+        print(f"the installed llama-cpp-python is not the build asked for ({'; '.join(wrong)}): installing the "
+              "one built for these flags", file=sys.stderr)
+        install_own_build(version, args, env)
         features = built_features()
+        if not_asked(features, args, amx_off):  # a kept wheel that is not what its folder says: build it again
+            shutil.rmtree(wheel_dir(version, args), ignore_errors=True)
+            install_own_build(version, args, env)
+            features = built_features()
     print(f"llama-cpp-python build: {', '.join(features)}", file=sys.stderr)
     return 0
 

@@ -12,6 +12,11 @@ from ggufspec.llama.system import busy_elsewhere as REAL_BUSY_ELSEWHERE  # noqa:
 # points GGUFSPEC_MODELS_DIR at a temporary directory.
 REAL_MODELS_DIR = Path(os.environ.get("GGUFSPEC_MODELS_DIR") or
                        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggufspec" / "models")
+# Mesa's shader cache stays where it was, one for every test and subprocess: the software Vulkan device (CI's GPU tier)
+# compiles each of llama.cpp's pipelines for seconds to minutes, and the per-test XDG_CACHE_HOME below would start it
+# cold in every test (tune's two tests alone took 13 minutes so on a Xeon, 33 seconds with the cache kept).
+os.environ.setdefault("MESA_SHADER_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") /
+                                                   "mesa_shader_cache"))
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
 
 

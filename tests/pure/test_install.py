@@ -249,3 +249,34 @@ def test_cpu_or_vulkan_with_cmake_args_that_agree_are_used(tmp_path, flag, cmake
 def test_cpu_and_vulkan_together_are_refused(tmp_path):
     proc = run_print(tmp_path, "--cpu", "--vulkan")
     assert proc.returncode == 2 and "--cpu and --vulkan" in proc.stderr
+
+
+def test_each_build_is_kept_apart_by_its_flags_and_this_cpu(install, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu = install.wheel_dir("0.3.36", "-DGGML_RPC=ON")
+    assert cpu.parent == tmp_path / "ggufspec" / "wheels" and cpu == install.wheel_dir("0.3.36", "-DGGML_RPC=ON")
+    assert len({cpu, install.wheel_dir("0.3.36", "-DGGML_VULKAN=on -DGGML_RPC=ON"),
+                install.wheel_dir("0.3.37", "-DGGML_RPC=ON")}) == 3
+
+
+def test_a_second_backend_is_built_once_and_then_installed_as_kept(install, monkeypatch, tmp_path):
+    """The first time the wheel is built into the cache (whole: moved there when pip wheel is done) and installed
+    from it; the second time it is installed from the cache, nothing built."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def pip(*args, env):
+        calls.append(args[0])
+        if args[0] == "wheel":
+            out = Path(args[args.index("-w") + 1])
+            (out / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"built")
+    monkeypatch.setattr(install, "pip", pip)
+    args = "-DGGML_VULKAN=on -DGGML_RPC=ON"
+    install.install_own_build("0.3.36", args, {})
+    kept = list(install.wheel_dir("0.3.36", args).iterdir())
+    assert calls == ["wheel", "install"] and [p.read_bytes() for p in kept] == [b"built"]
+    calls.clear()
+    install.install_own_build("0.3.36", args, {})
+    assert calls == ["install"]
+    assert install.not_asked(["CPU", "RPC"], args, False) == ["it lacks the VULKAN backend"]
+    assert install.not_asked(["CPU", "RPC", "VULKAN"], args, False) == []
