@@ -211,11 +211,12 @@ def install_own_build(version: str, args: str, env: dict) -> None:
     where = wheel_dir(version, args)
     wheels = sorted(where.glob("llama_cpp_python-*.whl"))
     if not wheels:
-        with tempfile.TemporaryDirectory(dir=where.parent if where.parent.is_dir() else None) as tmp:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=where.parent) as tmp:  # beside it, so that the wheel is renamed there
             pip("wheel", "--no-cache-dir", "--no-deps", "-w", tmp, f"llama-cpp-python=={version}", env=env)
-            where.mkdir(parents=True, exist_ok=True)
+            where.mkdir(exist_ok=True)
             for built in Path(tmp).glob("llama_cpp_python-*.whl"):
-                shutil.move(str(built), where / built.name)  # whole, or not there: never half a wheel
+                os.replace(built, where / built.name)  # whole, or not there: never half a wheel
         wheels = sorted(where.glob("llama_cpp_python-*.whl"))
     else:
         print(f"installing the llama-cpp-python built for these flags before ({where})", file=sys.stderr)

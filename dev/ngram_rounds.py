@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""ggufspec's lookup and auto beside llama.cpp's n-gram drafters, round by round, on the same prompts.
+
+For each prompt of the suites (edit and fix by default: answers that copy their prompt), runs ggufspec's modes
+(greedy, through the Python API, the rounds as `Engine.stream` yields them) and llama.cpp's speculative-simple with
+each n-gram --spec-type (its debug log says what each round drafted and kept). Every program writes the target's
+greedy text, so rounds line up by output position: per program, a summary (rounds, drafted, kept, tokens per round,
+the longest draft, rounds that kept nothing, speed) and, with --rounds, each round: where it starts in the output,
+what was drafted and kept, and for ggufspec where the copy came from (the prompt or the answer so far, how far back
+the match agreed, whether it resumed past a changed token) and what its verify batch cost.
+
+What llama.cpp's drafters do (common/ngram-map.cpp, common/ngram-mod.cpp, common/speculative.cpp of the release
+llama-cpp-python pins; ../shared/tools/llama-cpp-reference unpacks it):
+  ngram-simple  the last 12 tokens (the sampled one included) looked up, latest occurrence first; drafts the up to 48
+                that followed it (none while the history is under 61 tokens); nothing is learned from a miss.
+  ngram-map-k   the same 12-gram key, its 48-token continuation proposed once seen --spec-ngram-map-k-min-hits times.
+  ngram-mod     24-gram hashes into a shared 4M-entry table of next tokens; drafts by chaining the table, 48 to 64
+                tokens or nothing; five rounds in a row keeping under a quarter reset the table.
+None reads --spec-draft-n-max, none weighs what a verify batch costs.
+
+    python dev/ngram_rounds.py [PAIR] [--suites edit,fix] [-n 96] [--modes lookup,auto]
+                               [--types ngram-simple,ngram-map-k,ngram-mod] [--rounds] [--bin DIR]
+
+--bin (or LLAMA_CPP_REFERENCE_BIN): llama.cpp's programs, from ../shared/tools/llama-cpp-reference. Timings mean
+something only on a quiet machine; name the CPU (`ggufspec doctor`) beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggufspec.bench.prompts import load_suite
+from ggufspec.bench.reference import generated_text, same_text
+from ggufspec.bench.runs import prompt_text, prompt_tokens
+from ggufspec.drafters import LookupDrafter
+from ggufspec.engine import Engine
+from ggufspec.errors import GGUFSpecError
+from ggufspec.models.resolve import resolve_models
+
+TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
+
+
+@dataclass
+class Rnd:
+    start: int  # output position the round began at
+    drafted: int
+    kept: int
+    source: str = ""
+    agreement: int | None = None  # ggufspec's lookup: how far back the matched place agrees with the history
+    origin: str = ""  # ggufspec's lookup: "prompt" or "answer" (where the copied place is)
+    resumed: bool = False
+    verify_ms: float | None = None
+
+
+@dataclass
+class Runout:
+    program: str
+    rounds: list[Rnd] = field(default_factory=list)
+    n_generated: int = 0
+    seconds: float = 0.0
+    text: str | bytes | None = None
+
+    def summary(self) -> list:
+        drafting = [r for r in self.rounds if r.drafted]
+        drafted, kept = sum(r.drafted for r in drafting), sum(r.kept for r in drafting)
+        return [self.program, len(self.rounds), len(drafting), drafted, kept,
+                f"{kept / drafted:.2f}" if drafted else "-",
+                f"{self.n_generated / max(1, len(self.rounds)):.2f}",
+                max((r.drafted for r in drafting), default=0),
+                sum(1 for r in drafting if r.kept == 0),
+                sum(1 for r in drafting if r.kept == r.drafted),
+                f"{self.n_generated / self.seconds:.1f}" if self.seconds else "-"]
+
+
+def ours(engine: Engine, tokens: list[int], mode: str, n: int) -> Runout:
+    """One greedy generation in `mode`, its rounds from the stream; where a lookup draft's copy came from, from a
+    LookupDrafter replaying the same history (auto's own may differ where it learned a rename)."""
+    out, history, position = Runout(f"ggufspec {mode}"), list(tokens), 0
+    replay, previous = LookupDrafter(), None
+    stream = engine.stream(prompt_tokens=tokens, mode=mode, max_tokens=n, ignore_eos=True, temperature=0.0)
+    try:
+        for chunk in stream:
+            r = Rnd(position, chunk.n_drafted, chunk.n_accepted, chunk.source)
+            if chunk.n_drafted and "lookup" in chunk.source:
+                copy, r.agreement, r.resumed = replay.match(history, chunk.n_drafted)
+                j = _copied_place(replay, history)
+                r.origin = "" if j is None else "prompt" if j < len(tokens) else "answer"
+            seconds = chunk.stats.target_seconds
+            r.verify_ms = (seconds - (previous or 0.0)) * 1e3
+            previous = seconds
+            out.rounds.append(r)
+            history += chunk.tokens
+            position += len(chunk.tokens)
+            out.text = (out.text or "") + chunk.text
+            out.n_generated, out.seconds = chunk.stats.n_generated, chunk.stats.generation_seconds
+    finally:
+        stream.close()
+    return out
+
+
+def _copied_place(replay: LookupDrafter, history: list[int]) -> int | None:
+    """The position lookup copies from (the matched place's last token), as `match` chose it."""
+    best = None
+    for n in range(replay.ngram_max, replay.ngram_min - 1, -1):
+        seen = replay._index[n].get(tuple(history[-n:])) if len(history) >= n else None
+        if seen:
+            best = max((replay._agreement(history, j), j) for j in seen)[1]
+            break
+    return best
+
+
+def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> Runout:
+    """speculative-simple with one n-gram type, its rounds from the debug log ("accepted K/D draft tokens")."""
+    program = bin_dir / "llama-speculative-simple"
+    cmd = [str(program), "-m", str(engine.target_model.path), "-p", text, "-n", str(n), "--spec-type", spec_type,
+           "-t", str(engine.target_ctx.n_threads), "--temp", "0", "-c", str(engine.n_ctx), "--ignore-eos",
+           "--no-escape", "-v"]
+    done = subprocess.run(cmd, capture_output=True, timeout=900,
+                          env=dict(os.environ, LD_LIBRARY_PATH=f"{bin_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}"))
+    log = (done.stdout + done.stderr).decode("utf-8", "replace")
+    out, position = Runout(f"llama.cpp {spec_type}"), 0
+    for kept, drafted in re.findall(r"accepted (\d+)/(\d+) draft tokens", log):
+        out.rounds.append(Rnd(position, int(drafted), int(kept), spec_type if int(drafted) else "target"))
+        position += int(kept) + 1
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    if done.returncode != 0 or not m:
+        raise GGUFSpecError(f"llama-speculative-simple ({spec_type}) exited {done.returncode}: "
+                            f"{log.strip().splitlines()[-1] if log.strip() else 'no output'}")
+    out.n_generated, out.seconds = int(m.group(1)), float(m.group(2))
+    out.text = generated_text(done.stdout, text.encode("utf-8", "surrogateescape"))
+    return out
+
+
+HEAD = ["program", "rounds", "drafting", "drafted", "kept", "α", "tok/round", "longest", "kept 0", "kept all", "tok/s"]
+
+
+def show(runs: list[Runout], rounds: bool) -> None:
+    from ggufspec.bench.report import table
+
+    print(table([dict(zip(HEAD, r.summary())) for r in runs]))
+    if not rounds:
+        return
+    for run in runs:
+        print(f"\n  {run.program}: start drafted/kept source [agreement, from, resumed] verify ms")
+        for r in run.rounds:
+            if not r.drafted:
+                continue
+            extra = f" [{r.agreement}, {r.origin}{', resumed' if r.resumed else ''}]" if r.agreement is not None else ""
+            ms = f" {r.verify_ms:.0f} ms" if r.verify_ms is not None else ""
+            print(f"    {r.start:4d} {r.drafted:3d}/{r.kept:<3d} {r.source}{extra}{ms}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("pair", nargs="?", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--suites", default="edit,fix")
+    ap.add_argument("-n", type=int, default=96)
+    ap.add_argument("--modes", default="lookup,auto")
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--rounds", action="store_true", help="every drafting round, not only the summary")
+    ap.add_argument("--bin", default=os.environ.get("LLAMA_CPP_REFERENCE_BIN"))
+    ap.add_argument("--offline", action="store_true")
+    a = ap.parse_args(argv)
+    if not a.bin:
+        print("ngram_rounds: give --bin DIR (or LLAMA_CPP_REFERENCE_BIN): llama.cpp's programs, from "
+              "../shared/tools/llama-cpp-reference", file=sys.stderr)
+        return 2
+    try:
+        target, draft, _ = resolve_models(a.pair, None, None, offline=a.offline)
+        with Engine(target, draft, n_ctx=2048) as engine:
+            for suite in a.suites.split(","):
+                for p in load_suite(suite):
+                    tokens = prompt_tokens(engine, p)
+                    runs = [ours(engine, tokens, mode, a.n) for mode in a.modes.split(",") if mode]
+                    runs += [theirs(Path(a.bin), engine, prompt_text(engine, p), t, a.n) for t in a.types.split(",") if t]
+                    texts = [r.text.encode("utf-8", "surrogateescape") if isinstance(r.text, str) else r.text
+                             for r in runs]
+                    same = all(same_text(texts[0], t) is not False for t in texts[1:])
+                    print(f"\n{p.label} ({len(tokens)} prompt tokens, -n {a.n}; "
+                          f"{'every text the same' if same else 'the texts differ'}):")
+                    show(runs, a.rounds)
+    except GGUFSpecError as e:
+        print(f"ngram_rounds: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
