@@ -5,10 +5,9 @@ E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass. Dividing by what the r
 here (n draft steps plus the verify batch, from the measured cost table, in bit-exact batches cut short
 at the first rejection when verification is exact; see `costs`) gives expected tokens per
 second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no draft,
-a prompt-lookup draft (its alpha tracked by how far back the match agrees with the history, and apart for a copy
-resumed past a token the text changed), or the draft model.
-Acceptance estimates are updated from every round, so the choice follows the text; lookup's
-carry an exploration bonus (UCB), so a kind of match is tried before it is written off. Costs keep
+a prompt-lookup draft (each copied token's alpha tracked by how far back the copy agrees by then, apart for a copy
+resumed past a token the text changed), or the draft model. Estimates learn from every round, so the choice follows
+the text; lookup's carry an exploration bonus (UCB), so a kind of match is tried before it is written off. Costs keep
 the shape measured at load (what a batch of n costs relative to one step, what a draft step
 costs); every round rescales them by how fast the machine runs now. Each observation moves the
 scale by at most a bounded step, so one stall (a page fault, another process) cannot make
@@ -110,8 +109,7 @@ class AutoDrafter(Drafter):
         self.head_alpha = {name: Estimate(0.7, 2.0) for name in self.heads}
         self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
-        # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the
-        # match agrees with the history. A draft model of the same family agrees often.
+        # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the match agrees
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
         self.resumed_alpha = Estimate(RESUMED_PRIOR, 2.0)
         # A draft of the same family agrees often; a light prior, so that a few rounds decide the length.
@@ -195,7 +193,8 @@ class AutoDrafter(Drafter):
         match, agreement, resumed = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0, False)
         a_copy = self.lookup_estimate(agreement, resumed=resumed) if match else 0.0
         if match:
-            weigh("lookup", range(1, len(match) + 1), lambda n: self.rate(a_copy, n, 0.0, n_past))
+            copy_rate = self.copy_rates(self.copy_alphas(agreement, resumed, len(match)), n_past)
+            weigh("lookup", range(1, len(match) + 1), copy_rate)
         for name, head in self.heads.items():
             if allows(name) and head.head.ready(n_past):
                 a = self.head_alpha[name].value
@@ -211,7 +210,7 @@ class AutoDrafter(Drafter):
                       lambda n: self.continued_rate(a_copy, copied, n - copied, n_past))
         source, n, rate, table_rate = best
         if source == "lookup":  # judged by the estimate without the exploration bonus (which overshoots by design)
-            table_rate = self.rate(self.lookup_estimate(agreement, 0.0, resumed), n, 0.0, n_past)
+            table_rate = self.copy_rates(self.copy_alphas(agreement, resumed, n, 0.0), n_past)(n)
             draft = Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement,
                           resumed=resumed)
         elif source == CONTINUED:
@@ -252,9 +251,32 @@ class AutoDrafter(Drafter):
         estimates = [e for m, e in self.lookup_alpha.items() if m >= bucket] + ([self.resumed_alpha] if resumed else [])
         return min(e.optimistic(explore) for e in estimates)
 
-    def _copy_alpha(self, draft: Draft) -> Estimate:
-        """The estimate a copy's rounds teach: resumed copies' own, else its agreement's bucket."""
-        return self.resumed_alpha if draft.resumed else self.lookup_alpha[lookup_bucket(draft.agreement)]
+    def copy_alphas(self, agreement: int, resumed: bool, n: int, explore: float | None = None) -> list[float]:
+        """Each token's acceptance in an n-token copy, given the ones before kept: the i-th (from 0) continues a copy
+        agreeing over agreement + i tokens by then, so it has that agreement's estimate. Resumed copies: their own."""
+        if resumed:
+            return [self.lookup_estimate(agreement, explore, resumed=True)] * n
+        by_bucket = {m: self.lookup_estimate(m, explore) for m in self.lookup_alpha}
+        return [by_bucket[lookup_bucket(agreement + i)] for i in range(n)]
+
+    def copy_rates(self, alphas: list[float], n_past: int):
+        """rate(n): expected tokens per second of a round drafting a copy's first n tokens, kept at `alphas`."""
+        expected, survive = [1.0], [1.0]
+        for a in alphas:
+            survive.append(survive[-1] * a)
+            expected.append(expected[-1] + survive[-1])
+
+        def rate(n: int) -> float:  # at the per-token alpha of the same survival (which verify chunks run)
+            limit, alpha = self.verification.batch_limit(n_past + n + 1), round(survive[n] ** (1.0 / n), 3)
+            return self.costs.round_speedup(expected[n], n, 0.0, limit, alpha) / self.step_cost
+        return rate
+
+    def _learn_copy(self, draft: Draft, accepted: int, drafted: int) -> None:
+        """Each token of a copy up to the first rejected one teaches the estimate it was planned with (copy_alphas)."""
+        if draft.resumed:
+            return self.resumed_alpha.update(accepted, drafted)
+        for i in range(min(drafted, accepted + 1)):
+            self.lookup_alpha[lookup_bucket(draft.agreement + i)].update(int(i < accepted), 1)
 
     def p_min_for(self, n: int, n_past: int) -> float:
         """The draft confidence below which a draft of up to n tokens stops: what one more drafted token costs,
@@ -276,7 +298,7 @@ class AutoDrafter(Drafter):
         source = r.draft.source
         if r.n_drafted:
             if source == "lookup":
-                self._copy_alpha(r.draft).update(r.n_accepted, r.n_drafted)
+                self._learn_copy(r.draft, r.n_accepted, r.n_drafted)
             elif source in self.head_alpha:
                 self.head_alpha[source].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
@@ -285,7 +307,7 @@ class AutoDrafter(Drafter):
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
             elif source == CONTINUED:  # the copy's tokens teach the copy's estimate, the model's the model's
                 copied = min(r.draft.copied, r.n_drafted)
-                self._copy_alpha(r.draft).update(min(r.n_accepted, copied), copied)
+                self._learn_copy(r.draft, min(r.n_accepted, copied), copied)
                 if r.n_accepted >= copied < r.n_drafted:
                     self.model_alpha.update(r.n_accepted - copied, r.n_drafted - copied)
         self.watch.observe(r, 1 / self.step_cost)

@@ -716,3 +716,27 @@ def test_a_copy_that_ends_short_of_the_round_is_continued_by_the_draft_model():
     history += kept.tokens  # the draft's cache drops what was rejected, the copy's kept token stays
     auto.propose(history, 8, SamplingParams(), np.random.default_rng(0))
     assert draft.tokens[:len(history) - 1] == history[:-1]
+
+
+def test_a_copys_later_tokens_are_planned_with_the_agreement_they_will_have():
+    """A copy agreeing over 10 tokens: its 7th token continues a copy agreeing over 16 by then. Where this text's
+    copies of 16 and 32 tokens are kept (0.98), auto drafts well past where a copy kept at bucket 8's 0.8 per token
+    stops paying; and each kept token teaches the bucket it was planned with."""
+    from ggufspec.sampling import SamplingParams
+
+    block = [int(t) for t in np.random.default_rng(7).permutation(np.arange(10, 200))[:120]]
+    # a CPU's shape past 16 rows: each more row a twentieth of a step (a batch of 64 some four steps), all exact
+    prompt, table = [1, 2] + block + [3], Costs([0.09 * (1 + 0.05 * n) for n in range(64)], 64, 0.021)
+    history = prompt + block[:10]
+    auto = AutoDrafter(Verification.of(table, True), table, lookup=LookupDrafter())
+    auto.lookup_alpha = {m: Estimate(0.8 if m < 16 else 0.98, 1e6) for m, _ in LOOKUP_PRIORS}  # no exploration left
+    d = auto.propose(history, 63, SamplingParams(), np.random.default_rng(0))
+    flat = max(range(1, 64), key=lambda n: table.speedup(0.8, n, 0.0, 64))
+    assert d.source == "lookup" and d.agreement == 10 and d.tokens == block[10:10 + len(d.tokens)]
+    assert len(d.tokens) > flat + 8
+    fresh = AutoDrafter(Verification.of(table, True), table, lookup=LookupDrafter())
+    before = {m: e.drafted for m, e in fresh.lookup_alpha.items()}
+    fresh.observe(Round(tokens=[1] * 20, n_drafted=24, n_accepted=19,
+                        draft=Draft(tokens=[1] * 24, source="lookup", agreement=10)))
+    taught = {m: round(e.drafted - before[m], 6) for m, e in fresh.lookup_alpha.items() if e.drafted != before[m]}
+    assert set(taught) == {8, 16}  # tokens 0-5 (agreements 10-15) and 6-19 (16-29: 13 kept, the 14th rejected)
