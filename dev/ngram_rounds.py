@@ -88,7 +88,7 @@ def ours(engine: Engine, tokens: list[int], mode: str, n: int) -> Runout:
         for chunk in stream:
             r = Rnd(position, chunk.n_drafted, chunk.n_accepted, chunk.source)
             if chunk.n_drafted and "lookup" in chunk.source:
-                copy, r.agreement, r.resumed = replay.match(history, chunk.n_drafted)
+                _, r.agreement, r.resumed = replay.match(history, chunk.n_drafted)
                 j = _copied_place(replay, history)
                 r.origin = "" if j is None else "prompt" if j < len(tokens) else "answer"
             seconds = chunk.stats.target_seconds
