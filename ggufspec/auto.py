@@ -27,49 +27,13 @@ from .core import DRAFTING_MODES, HEAD_MODES, Draft, Round
 from .costs import MARGIN, MAX_BATCH, Costs, expected_tokens
 from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
+from .estimates import LOOKUP_PRIORS, RESUMED_PRIOR, Estimate, lookup_bucket  # noqa: F401 (auto's API)
 from .sampling import SamplingParams
 from .verification import Verification
 from .watch import Credit, RateWatch
 
 
 CONTINUED = "lookup+draft"  # the source of a copy continued by the draft model past its end
-
-
-class Estimate:
-    """A running acceptance rate: a prior worth `weight` drafts, then observations with decay."""
-
-    def __init__(self, prior: float, weight: float, decay: float = 0.98):
-        self.accepted, self.drafted, self.decay = prior * weight, weight, decay
-
-    @property
-    def value(self) -> float:
-        return self.accepted / self.drafted
-
-    def optimistic(self, c: float) -> float:
-        """The estimate plus an exploration bonus that shrinks as evidence accumulates (UCB): a
-        kind of draft that has never been tried gets tried, or its prior would never be tested."""
-        return min(1.0, self.value + c / self.drafted ** 0.5)
-
-    def update(self, n_accepted: int, n_drafted: int) -> None:
-        for i in range(n_drafted):  # one Bernoulli observation per drafted position reached
-            self.accepted = self.accepted * self.decay + (1.0 if i < n_accepted else 0.0)
-            self.drafted = self.drafted * self.decay + 1.0
-            if i >= n_accepted:
-                break
-
-
-# (shortest agreement of the bucket, prior alpha) for lookup drafts, by agreement length in tokens. Short
-# agreements are weak evidence: in code answers, matches agreeing over 2-4 tokens were accepted about a
-# third of the time (the Qwen pair, 128-token answers), so they are tried only where a batch is cheap.
-LOOKUP_PRIORS = ((1, 0.2), (2, 0.3), (3, 0.45), (4, 0.6), (8, 0.8), (16, 0.85), (32, 0.9))
-# A copy resumed past a token the text changed (LookupDrafter.match), whatever its agreement: its first token was right
-# 4 times in 20 (the Qwen pair's five suites, 128-token answers: mostly a summary or an edit leaving its source), where
-# copies of 8 or more agreeing tokens that nothing broke were right 88-100% of the time (dev/lookup_acceptance.py).
-RESUMED_PRIOR = 0.3
-
-
-def lookup_bucket(agreement: int) -> int:
-    return max(m for m, _ in LOOKUP_PRIORS if m <= max(1, agreement))
 
 
 class AutoDrafter(Drafter):
@@ -192,8 +156,8 @@ class AutoDrafter(Drafter):
         longest_copy = min(draft_max, self.lookup_max or draft_max) if allows("lookup") else 0
         match, agreement, resumed = self.lookup.match(history, longest_copy) if longest_copy > 0 else ([], 0, False)
         a_copy = self.lookup_estimate(agreement, resumed=resumed) if match else 0.0
+        copy_rate = self.copy_rates(self.copy_alphas(agreement, resumed, len(match)), n_past) if match else None
         if match:
-            copy_rate = self.copy_rates(self.copy_alphas(agreement, resumed, len(match)), n_past)
             weigh("lookup", range(1, len(match) + 1), copy_rate)
         for name, head in self.heads.items():
             if allows(name) and head.head.ready(n_past):
@@ -212,7 +176,7 @@ class AutoDrafter(Drafter):
         if source == "lookup":  # judged by the estimate without the exploration bonus (which overshoots by design)
             table_rate = self.copy_rates(self.copy_alphas(agreement, resumed, n, 0.0), n_past)(n)
             draft = Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement,
-                          resumed=resumed)
+                          resumed=resumed, one_batch=n in copy_rate.one_batch)
         elif source == CONTINUED:
             table_rate = self.continued_rate(self.lookup_estimate(agreement, 0.0, resumed), len(match), n - len(match), n_past)
             p_min = self.model_p_min if self.model_p_min is not None else self.p_min_for(n, n_past)
@@ -260,7 +224,9 @@ class AutoDrafter(Drafter):
         return [by_bucket[lookup_bucket(agreement + i)] for i in range(n)]
 
     def copy_rates(self, alphas: list[float], n_past: int):
-        """rate(n): expected tokens per second of a round drafting a copy's first n tokens, kept at `alphas`."""
+        """rate(n): expected tokens per second of a round drafting a copy's first n tokens, kept at `alphas`; in
+        exact chunks, or where the policy allows it (`Verification.may_batch`) and one batch with its near-ties
+        re-checked beats them by the margin, in one batch (rate.one_batch: the lengths planned so)."""
         expected, survive = [1.0], [1.0]
         for a in alphas:
             survive.append(survive[-1] * a)
@@ -268,7 +234,14 @@ class AutoDrafter(Drafter):
 
         def rate(n: int) -> float:  # at the per-token alpha of the same survival (which verify chunks run)
             limit, alpha = self.verification.batch_limit(n_past + n + 1), round(survive[n] ** (1.0 / n), 3)
-            return self.costs.round_speedup(expected[n], n, 0.0, limit, alpha) / self.step_cost
+            best = self.costs.round_speedup(expected[n], n, 0.0, limit, alpha)
+            if limit is not None and n + 1 > limit and self.verification.may_batch:
+                one = self.costs.round_speedup(expected[n], n, 0.0, None, alpha)
+                if one > self.margin * best:
+                    best = one
+                    rate.one_batch.add(n)
+            return best / self.step_cost
+        rate.one_batch = set()
         return rate
 
     def _learn_copy(self, draft: Draft, accepted: int, drafted: int) -> None:
@@ -313,11 +286,13 @@ class AutoDrafter(Drafter):
         self.watch.observe(r, 1 / self.step_cost)
         self.credit.observe(r)
         rows = r.n_drafted + 1
-        if r.n_drafted and r.target_seconds > 0 and self.verification.batch_limit(r.n_past + rows) is None:
+        one_batch = r.draft.one_batch and self.verification.may_batch  # verified as past exact_kv is
+        if r.n_drafted and r.target_seconds > 0 and (one_batch or self.verification.batch_limit(r.n_past + rows) is None):
             self._learn_ties(r.ties_settled, r.n_accepted + 1)  # one batch judged with a margin: its rows used
         # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
-        if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past) and not r.ties_settled and not r.shared:
+        if r.target_seconds > 0 and (one_batch or self.verification.one_call(rows, r.n_past)) and not r.ties_settled \
+                and not r.shared:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
             if rows > 1:
                 self._learn_extra_rows(r.target_seconds, rows)

@@ -97,6 +97,8 @@ class Draft:
     agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
     resumed: bool = False  # lookup: the copy resumes past a token the text changed (LookupDrafter.match)
     copied: int = 0  # lookup+draft: the copy's tokens that lead the draft, the model's after them
+    # auto: verify this copy in one batch judged with the margin, though exact chunks exist (they cost more here)
+    one_batch: bool = False
     predicted_rate: float | None = None  # auto: the tokens per second its cost table expected of this round
     table_rate: float | None = None  # auto: the same from the table alone, before what this source delivered corrected it
 

@@ -91,7 +91,7 @@ def verify_round(target: Target, plan: Plan, params: SamplingParams, rng: np.ran
         with target.no_rewind() if not draft_tokens else contextlib.nullcontext():
             if plan.picker is not None:  # greedy or coupled: keep drafts equal to the target's picks
                 n_accepted, next_token, gaps = verification.verify(judged, plan.inputs, draft_tokens, n_past,
-                                                                   plan.picker)
+                                                                   plan.picker, plan.draft.one_batch)
             else:
                 n_accepted, next_token = _verify_rejection(judged, plan.inputs, plan.draft, draft_tokens, params, rng)
         n_keep = n_past + n_accepted + 1

@@ -37,6 +37,10 @@ class Verification:
     tie_margin: float = DEFAULT_TIE_MARGIN
     exact_kv: int | None = None
     chunk: int | None = None  # the batch size rounds longer than exact_batch are cut into (default exact_batch)
+    # exact by default (not asked for): a round whose draft says so (`Draft.one_batch`: a long copy, planned by auto
+    # where one batch costs less than its exact chunks) is verified as past exact_kv, in one batch with near-ties
+    # re-checked; --exact keeps every round in exact chunks
+    may_batch: bool = False
 
     @classmethod
     def of(cls, costs: Costs | None, exact: bool | None = None, tie_margin: float = DEFAULT_TIE_MARGIN) -> "Verification":
@@ -44,8 +48,9 @@ class Verification:
         batches of 2 tokens or more (the default everywhere in ggufspec)."""
         if costs is None:  # nothing measured: no batch is known to be exact
             return cls(1, False, tie_margin)
-        exact = costs.exact_batch >= 2 if exact is None else exact
-        return cls(costs.exact_batch, exact, tie_margin, costs.exact_kv, costs.chunk())
+        asked, exact = exact, costs.exact_batch >= 2 if exact is None else exact
+        return cls(costs.exact_batch, exact, tie_margin, costs.exact_kv, costs.chunk(),
+                   may_batch=exact and asked is None)
 
     # -- which batches are exact --------------------------------------------------------------
 
@@ -78,15 +83,17 @@ class Verification:
     # -- verifying ----------------------------------------------------------------------------
 
     def verify(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
-               picker: Picker) -> tuple[int, int, list[float]]:
+               picker: Picker, one_batch: bool = False) -> tuple[int, int, list[float]]:
         """Greedy or coupled verification: keep drafts while they equal the target's picks. Exact: in
-        bit-exact batches (identity by construction); otherwise one batch, and the first near-tie among the
-        rows used is re-decoded by itself: where that rejects the draft the round ends there, where it
-        confirms it the drafts after it are verified the same way. Returns (n_accepted, next_token, tie gaps)."""
+        bit-exact batches (identity by construction); otherwise (or where one_batch is asked and the policy
+        allows it) one batch, and the first near-tie among the rows used is re-decoded by itself: where that
+        rejects the draft the round ends there, where it confirms it the drafts after it are verified the same
+        way. Returns (n_accepted, next_token, tie gaps)."""
         done, gaps = 0, []  # drafts confirmed by settled ties, and those ties' gaps
+        one_batch = one_batch and self.may_batch
         while True:
             part, drafts, at = inputs[done:], draft_tokens[done:], n_past + done
-            picks, ties = self._judged(target, part, drafts, at, picker)
+            picks, ties = self._judged(target, part, drafts, at, picker, one_batch)
             n_accepted, next_token = verify_greedy(drafts, picks)
             j = next((i for i, gap in enumerate(ties[: n_accepted + 1]) if gap is not None), None)
             if j is None:
@@ -98,11 +105,11 @@ class Verification:
             done += j + 1  # the tie confirmed the draft at row j: the cache holds it, verify the rest
 
     def _judged(self, target: Target, inputs: list[int], draft_tokens: list[int], n_past: int,
-                picker: Picker) -> tuple[list[int], list[float | None]]:
+                picker: Picker, one_batch: bool = False) -> tuple[list[int], list[float | None]]:
         """The target's picks for a round, and its near-ties' gaps where the batch was not exact: in exact
         chunks where the policy says so (stopping after the chunk that rejects a draft), else in one batch."""
         n_kv = n_past + len(inputs)
-        limit = self.batch_limit(n_kv)
+        limit = None if one_batch else self.batch_limit(n_kv)
         if limit is None or len(inputs) <= limit:
             exact = limit is not None or len(inputs) <= self.exact_here(n_kv)
             return picker.judge(target.decode(inputs, logits="all"), n_past + 1, None if exact else self.tie_margin)

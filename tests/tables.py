@@ -18,3 +18,26 @@ def cpu_q8_like():
     # cost more than the even one above them; every batch up to 16 is exact.
     steps = [1.0, 1.40, 2.45, 1.95, 2.99, 2.64, 3.45, 3.55, 4.25, 3.59, 4.69, 4.47, 6.08, 5.06, 5.92, 5.48]
     return Costs([0.09 * s for s in steps], 16, 0.021)
+
+
+def _to_64(step: float, steps: list[float], long_steps: dict[int, float]) -> list[float]:
+    """A table as `measure` keeps one: sizes 1-16 each timed, those beyond at 24, 32, 48, 64 (a size between
+    takes the next timed one's time)."""
+    out = [step * s for s in steps]
+    for n in range(17, 65):
+        out.append(step * long_steps[min(k for k in long_steps if k >= n)])
+    return out
+
+
+def cpu_q4km_like(exact_kv=None):
+    # A Q4_K_M target on a 2-vCPU AVX-512 Xeon: repacked Q4_K kernels take rows four at a time (a batch of 4 costs
+    # less than one of 3, and only batches up to 3 are exact), and a batch of 48 costs under 12 steps.
+    steps = [1.0, 1.58, 2.19, 1.89, 2.65, 3.27, 3.71, 4.14, 4.54, 5.1, 5.36, 4.93, 5.46, 6.57, 6.43, 4.88]
+    return Costs(_to_64(0.077, steps, {24: 7.47, 32: 7.98, 48: 11.76, 64: 14.94}), 3, 0.037, exact_kv=exact_kv)
+
+
+def cpu_q8_long_like(exact_kv=None):
+    # The Q8_0 build of the same target on the same Xeon: every batch up to 16 exact, and 16 rows cost less per row
+    # than 48 (4.14 steps against 12.72).
+    steps = [1.0, 1.25, 1.45, 1.74, 2.76, 3.02, 3.31, 3.12, 4.08, 4.3, 4.56, 4.54, 5.27, 3.85, 4.02, 4.14]
+    return Costs(_to_64(0.141, steps, {24: 6.2, 32: 8.38, 48: 12.72, 64: 22.24}), 16, 0.044, exact_kv=exact_kv)

@@ -148,6 +148,21 @@ def test_notes_say_where_rows_are_within_the_runs_noise():
     assert noise_notes(single)[0].startswith("one repeat: min-max shows no spread")
 
 
+def test_a_note_says_where_speculative_simple_decoded_past_the_tokens_asked():
+    """speculative-simple drafts 48 tokens at position 64 of a 64-token run and counts all 113 it decoded: the note
+    gives its speed counted up to -n beside; a row that stopped near -n, and ggufspec's own rows, get none."""
+    from ggufspec.bench.rows import overshoot_notes
+
+    over = dict(_row("llama.cpp speculative-simple, ngram-simple", 22.6, 22.6, 22.6, "fix"), reference=True,
+                speedup=3.0, n_generated=226, n_asked=128)
+    near = dict(_row("llama.cpp speculative-simple, ngram-mod", 9.0, 9.0, 9.0, "fix"), reference=True,
+                speedup=1.2, n_generated=131, n_asked=128)
+    ours = dict(_row("lookup", 15.0, 15.0, 15.0, "fix"), n_generated=300, n_asked=128)
+    assert overshoot_notes([over, near, ours]) == [
+        "fix: llama.cpp speculative-simple, ngram-simple decoded 226 tokens for the 128 asked (its last draft runs "
+        "past -n) and its tok/s counts them all; counted up to -n: 12.8 tok/s (1.70x)"]
+
+
 def test_a_default_bench_shows_no_range_for_one_repeat_and_says_so(tiny):
     r = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--modes", "target,lookup")
     assert r.exit_code == 0, r.output

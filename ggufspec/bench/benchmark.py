@@ -12,7 +12,7 @@ from ..engine import Engine
 from ..errors import GGUFSpecError
 from .outputs import check_outputs_dir, save_outputs
 from .prompts import Prompt
-from .rows import explain_divergences, noise_notes, partial_note, rows, tps
+from .rows import explain_divergences, noise_notes, overshoot_notes, partial_note, rows, tps
 from .runs import BenchSettings, Run, prompt_text, prompt_tokens, run, tokenized_prompts
 
 
@@ -59,7 +59,7 @@ def benchmark(load, prompts: list[Prompt], settings: BenchSettings, *, by: str =
     if len(sweep) > 1:
         meta.update(n_gpu_layers=sweep, sweep=per_ngl)  # each value's own costs and placement
     meta["notes"] = notes
-    meta["noise_notes"] = noise_notes(rows)  # where the table's order is within the run's noise
+    meta["noise_notes"] = noise_notes(rows) + overshoot_notes(rows)  # the table's order within noise; llama.cpp past -n
     return BenchResult(rows, meta, interrupted)
 
 

@@ -274,7 +274,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
             run_one = functools.partial(speculative_simple, bin_dir, target, second, n_tokens=n_tokens, threads=threads,
                                         n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type)
             try:
-                row = _speculative_row(run_one, texts, ours, spec_type, k, target_tps.get(group), group, note)
+                row = _speculative_row(run_one, texts, ours, spec_type, k, target_tps.get(group), group, note, n_tokens)
             except ProgramHung as e:
                 note(f"{e}; llama.cpp's speculative-simple rows from here on are left out")
                 failed.add("hung")
@@ -306,8 +306,9 @@ def _speculative_configs(engine, draft_max: tuple[int, ...]) -> list[tuple[str, 
 
 
 def _speculative_row(run_one, texts: list[str], ours: list, spec_type: str, k: int | None, target_tps: float | None,
-                     group: str, note) -> dict | None:
-    """speculative-simple's row over a group's prompts (run_one(prompt_text) runs one); None if it crashed twice."""
+                     group: str, note, n_tokens: int = 0) -> dict | None:
+    """speculative-simple's row over a group's prompts (run_one(prompt_text) runs one); None if it crashed twice.
+    It says the tokens decoded beside those asked (n_tokens a prompt): its last draft may run past -n."""
     runs = []
     for text in texts:
         runs.append(_run_twice(lambda: run_one(prompt_text=text), note))
@@ -318,6 +319,7 @@ def _speculative_row(run_one, texts: list[str], ours: list, spec_type: str, k: i
     label = f"{DRAFTERS.get(spec_type, 'draft model')} (draft-max {k})" if k else spec_type
     row = _row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps, target_tps,
                accepted / drafted if drafted else None, group)
+    row.update(n_generated=sum(r["n_generated"] for r in runs), n_asked=n_tokens * len(texts))
     same = [(label, same_text(mine, r["text"])) for (label, mine), r in zip(ours, runs)]
     if all(x is not None for _, x in same):
         other = [label for label, x in same if not x]  # prompts where llama.cpp wrote another text

@@ -136,8 +136,10 @@ def sampling_options(fn):
                           "-s/--seed, rejection without."),
         click.option("--ignore-eos", is_flag=True, default=None, help="Keep generating past end-of-generation tokens."),
         click.option("--exact/--no-exact", default=None,
-                     help="Greedy: verify only in batch sizes that are bit-identical to one-token decoding "
-                          "(default: when the backend has such batches of 2+ tokens, as llama.cpp's CPU kernels do)."),
+                     help="Greedy: verify only in batch sizes that are bit-identical to one-token decoding. "
+                          "Default: in those where the backend has them (llama.cpp's CPU kernels), but a long copy "
+                          "in one batch with near-ties re-checked where that costs less (as past 256 cached tokens); "
+                          "--no-exact: one batch, near-ties re-checked, always."),
     ])
 
 

@@ -740,3 +740,33 @@ def test_a_copys_later_tokens_are_planned_with_the_agreement_they_will_have():
                         draft=Draft(tokens=[1] * 24, source="lookup", agreement=10)))
     taught = {m: round(e.drafted - before[m], 6) for m, e in fresh.lookup_alpha.items() if e.drafted != before[m]}
     assert set(taught) == {8, 16}  # tokens 0-5 (agreements 10-15) and 6-19 (16-29: 13 kept, the 14th rejected)
+
+
+def test_a_long_copy_is_planned_in_one_batch_where_exact_chunks_cost_more():
+    """Only batches up to 3 are exact on a Q4_K_M target here, and 48 rows in one batch cost under 12 steps against
+    16 chunks of 3 at 2.19 each: a long copy is planned as one batch, judged with the margin (the flag on the draft
+    tells the loop). Not where the user asked for --exact, and not on the Q8_0 table, whose exact chunks of 16 cost
+    less than one batch. Such a round teaches how often this text's rows are near-ties; an exact chunked one does not."""
+    from tables import cpu_q4km_like, cpu_q8_long_like
+
+    from ggufspec.sampling import SamplingParams
+
+    block = [int(t) for t in np.random.default_rng(3).permutation(np.arange(10, 200))[:120]]
+    history = [1, 2] + block + [3] + block[:20]
+
+    def planned(table, exact):
+        auto = AutoDrafter(Verification.of(table, exact), table, lookup=LookupDrafter())
+        auto.lookup_alpha = {m: Estimate(0.98, 1e6) for m, _ in LOOKUP_PRIORS}  # this text's copies are kept
+        return auto, auto.propose(history, 63, SamplingParams(), np.random.default_rng(0))
+
+    auto, d = planned(cpu_q4km_like(), None)
+    assert d.source == "lookup" and d.one_batch and len(d.tokens) >= 15
+    chunked, e = planned(cpu_q4km_like(), True)
+    assert e.source == "lookup" and not e.one_batch and d.predicted_rate > 1.3 * e.predicted_rate
+    _, q8 = planned(cpu_q8_long_like(), None)
+    assert q8.source == "lookup" and not q8.one_batch and len(q8.tokens) >= 15
+    before = auto.tie_rate
+    for a, draft in ((auto, d), (chunked, e)):
+        a.observe(Round(tokens=[1] * 4, n_past=len(history) - 1, n_drafted=len(draft.tokens), n_accepted=3,
+                        target_seconds=0.5, ties_settled=1, draft=draft))
+    assert auto.tie_rate > before and chunked.tie_rate == before

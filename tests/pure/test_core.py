@@ -251,3 +251,34 @@ def test_stats_merge_is_the_sum_of_its_parts():
     assert m.acceptance_rate == pytest.approx(7 / 11) and m.accepted_histogram == [0, 1, 1, 0, 1]
     assert m.generation_seconds == pytest.approx(0.2) and m.n_timed == a.n_timed + b.n_timed == 9
     assert m.rounds_by_source == {"target": 4}  # Round's default draft names no source
+
+
+def test_a_long_copy_in_one_batch_keeps_the_targets_text_by_re_checking_near_ties():
+    """On a target whose batches over 3 rows drift (llama.cpp's repacked kernels, here numpy noise), lookup on the
+    Q4_K_M-shaped table verifies a copy of the prompt in batches over 3 rows, and the near-ties it re-checks keep the
+    text the target's; with exact=True (--exact) every batch stays within 3. Negative control: without the margin
+    the drift changes the text, so the re-check is what keeps it."""
+    from tables import cpu_q4km_like
+
+    from ggufspec.auto import make_drafter
+
+    def run(target, prompt, exact=None, margin=0.5):
+        table = cpu_q4km_like()
+        v = Verification.of(table, exact, tie_margin=margin)
+        drafter, draft_max = make_drafter("lookup", v, table)
+        target.batches.clear()
+        out, stats = generate(target, drafter, n=120, draft_max=draft_max, verification=v, prompt=prompt)
+        return out, stats, max(target.batches[1:])
+
+    bent = 0
+    for seed in range(3):
+        target = FakeTarget(seed=seed, batch_drift=0.1, exact_batch=3, n_ctx=1024)
+        first, _ = generate(target, n=120)
+        prompt = PROMPT + first + PROMPT[-2:]  # the answer to this prompt is `first` again: a copy of the prompt
+        ref, _ = generate(target, n=120, prompt=prompt)
+        out, stats, longest = run(target, prompt)
+        assert out == ref and longest > 3 and stats.n_accepted > 60
+        out, _, longest = run(target, prompt, exact=True)
+        assert out == ref and longest <= 3
+        bent += run(target, prompt, margin=0.0)[0] != ref
+    assert bent, "the drift never changed a greedy choice: the test has no power"
