@@ -754,9 +754,9 @@ def test_a_long_copy_is_planned_in_one_batch_where_exact_chunks_cost_more():
     block = [int(t) for t in np.random.default_rng(3).permutation(np.arange(10, 200))[:120]]
     history = [1, 2] + block + [3] + block[:20]
 
-    def planned(table, exact):
+    def planned(table, exact, kept=0.98):
         auto = AutoDrafter(Verification.of(table, exact), table, lookup=LookupDrafter())
-        auto.lookup_alpha = {m: Estimate(0.98, 1e6) for m, _ in LOOKUP_PRIORS}  # this text's copies are kept
+        auto.lookup_alpha = {m: Estimate(kept, 1e6) for m, _ in LOOKUP_PRIORS}  # how often this text's copies are kept
         return auto, auto.propose(history, 63, SamplingParams(), np.random.default_rng(0))
 
     auto, d = planned(cpu_q4km_like(), None)
@@ -765,6 +765,9 @@ def test_a_long_copy_is_planned_in_one_batch_where_exact_chunks_cost_more():
     assert e.source == "lookup" and not e.one_batch and d.predicted_rate > 1.3 * e.predicted_rate
     _, q8 = planned(cpu_q8_long_like(), None)
     assert q8.source == "lookup" and not q8.one_batch and len(q8.tokens) >= 15
+    # copies kept half the time: a short draft, in one batch of 4 a little cheaper than chunks of 3 + 1, stays exact
+    _, short = planned(cpu_q4km_like(), None, kept=0.5)
+    assert short.source in ("lookup", "target") and not short.one_batch
     before = auto.tie_rate
     for a, draft in ((auto, d), (chunked, e)):
         a.observe(Round(tokens=[1] * 4, n_past=len(history) - 1, n_drafted=len(draft.tokens), n_accepted=3,
