@@ -27,7 +27,7 @@ from .core import DRAFTING_MODES, HEAD_MODES, Draft, Round
 from .costs import MARGIN, MAX_BATCH, Costs, expected_tokens
 from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
-from .estimates import LOOKUP_PRIORS, RESUMED_PRIOR, Estimate, lookup_bucket  # noqa: F401 (auto's API)
+from .estimates import LOOKUP_PRIORS, RESUMED_PRIOR, Estimate, lookup_bucket
 from .sampling import SamplingParams
 from .verification import Verification
 from .watch import Credit, RateWatch
@@ -181,7 +181,8 @@ class AutoDrafter(Drafter):
                       lambda n: self.continued_rate(a_copy, copied, n - copied, n_past))
         source, n, rate, table_rate = best
         if source == "lookup":  # judged by the estimate without the exploration bonus (which overshoots by design)
-            table_rate = self.copy_rates(self.copy_alphas(agreement, resumed, n, 0.0), n_past)(n)
+            alphas = self.copy_alphas(agreement, resumed, n, 0.0)  # verified as planned: in one batch or in chunks
+            table_rate = self.copy_rates(alphas, n_past, 0 if resumed else agreement)(n)
             draft = Draft(tokens=match[:n], seconds=time.perf_counter() - start, source="lookup", agreement=agreement,
                           resumed=resumed, one_batch=n in copy_rate.one_batch)
         elif source == CONTINUED:
@@ -301,12 +302,12 @@ class AutoDrafter(Drafter):
         self.watch.observe(r, 1 / self.step_cost)
         self.credit.observe(r)
         rows = r.n_drafted + 1
-        one_batch = r.draft.one_batch and self.verification.may_batch  # verified as past exact_kv is
-        if r.n_drafted and r.target_seconds > 0 and (one_batch or self.verification.batch_limit(r.n_past + rows) is None):
+        one_batch = r.draft.one_batch  # a copy planned in one batch is verified as past exact_kv is
+        if r.n_drafted and r.target_seconds > 0 and self.verification.round_limit(r.n_past + rows, one_batch) is None:
             self._learn_ties(r.ties_settled, r.n_accepted + 1)  # one batch judged with a margin: its rows used
         # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
-        if r.target_seconds > 0 and (one_batch or self.verification.one_call(rows, r.n_past)) and not r.ties_settled \
+        if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past, one_batch) and not r.ties_settled \
                 and not r.shared:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
             if rows > 1:

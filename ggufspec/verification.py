@@ -66,9 +66,14 @@ class Verification:
         limit = self.exact_here(n_kv) if n_kv is not None else self.exact_batch
         return limit if limit > 1 else None
 
-    def one_call(self, n_rows: int, n_past: int) -> bool:
+    def round_limit(self, n_kv: int, one_batch: bool = False) -> int | None:
+        """batch_limit for a round whose draft asks for one batch or not (`Draft.one_batch`, allowed by may_batch):
+        None where the round is one batch judged with the margin."""
+        return None if one_batch and self.may_batch else self.batch_limit(n_kv)
+
+    def one_call(self, n_rows: int, n_past: int, one_batch: bool = False) -> bool:
         """Whether a round of n_rows from n_past cached tokens is verified in one decode."""
-        limit = self.batch_limit(n_past + n_rows)
+        limit = self.round_limit(n_past + n_rows, one_batch)
         return limit is None or n_rows <= limit
 
     def exact_draft_max(self, n_history: int, wanted: int) -> int:
@@ -90,7 +95,6 @@ class Verification:
         rejects the draft the round ends there, where it confirms it the drafts after it are verified the same
         way. Returns (n_accepted, next_token, tie gaps)."""
         done, gaps = 0, []  # drafts confirmed by settled ties, and those ties' gaps
-        one_batch = one_batch and self.may_batch
         while True:
             part, drafts, at = inputs[done:], draft_tokens[done:], n_past + done
             picks, ties = self._judged(target, part, drafts, at, picker, one_batch)
@@ -109,7 +113,7 @@ class Verification:
         """The target's picks for a round, and its near-ties' gaps where the batch was not exact: in exact
         chunks where the policy says so (stopping after the chunk that rejects a draft), else in one batch."""
         n_kv = n_past + len(inputs)
-        limit = None if one_batch else self.batch_limit(n_kv)
+        limit = self.round_limit(n_kv, one_batch)
         if limit is None or len(inputs) <= limit:
             exact = limit is not None or len(inputs) <= self.exact_here(n_kv)
             return picker.judge(target.decode(inputs, logits="all"), n_past + 1, None if exact else self.tie_margin)

@@ -306,7 +306,7 @@ def _speculative_configs(engine, draft_max: tuple[int, ...]) -> list[tuple[str, 
 
 
 def _speculative_row(run_one, texts: list[str], ours: list, spec_type: str, k: int | None, target_tps: float | None,
-                     group: str, note, n_tokens: int = 0) -> dict | None:
+                     group: str, note, n_tokens: int) -> dict | None:
     """speculative-simple's row over a group's prompts (run_one(prompt_text) runs one); None if it crashed twice.
     It says the tokens decoded beside those asked (n_tokens a prompt): its last draft may run past -n."""
     runs = []
