@@ -61,7 +61,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN_VOCAB = 151_936
-PROGRAMS = ("llama-bench", "llama-speculative-simple")
+PROGRAMS = ("llama-bench", "llama-speculative-simple", "llama-fit-params")  # dev/gpu_offload.py: fit-params
 WHEELS = ("diskcache==5.6.3", "gguf==0.19.0", "tomlkit")  # what the GPU machine's image lacks of ours and llama_cpp's
 GREENLET = "greenlet==3.5.6"  # ggufspec's, compiled: one wheel for each Python
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"

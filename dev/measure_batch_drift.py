@@ -9,7 +9,7 @@ argmax), and whether the batch is bit-identical. It also times each batch twice:
 row for every token, as verification needs, and with the last row only, as `llama-bench pp`
 measures; the difference is the output layer, which verification pays once per drafted token.
 
-    python dev/measure_batch_drift.py MODEL.gguf [-n 48] [--no-repack] [--cached 300]
+    python dev/measure_batch_drift.py MODEL.gguf [-n 48] [--no-repack] [--cached 300] [--ngl -1]
 
 --cached N puts N tokens (this file's text) before the prompt: on CPU, past 256 cached tokens
 llama.cpp's one-token flash attention splits the keys over the threads and batches that were
@@ -34,10 +34,11 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--no-repack", action="store_true", help="load without llama.cpp's CPU weight repacking")
     ap.add_argument("--cached", type=int, default=0, help="tokens of filler in the KV cache before the prompt")
+    ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU (-1: all)")
     ap.add_argument("-p", "--prompt", default="<|im_start|>user\nWrite a Python function that checks whether a number "
                     "is prime.<|im_end|>\n<|im_start|>assistant\n")
     a = ap.parse_args()
-    model = Model(a.model, repack=not a.no_repack)
+    model = Model(a.model, repack=not a.no_repack, n_gpu_layers=a.ngl)
     filler = model.tokenize(open(__file__).read() * 20, add_special=False)[: a.cached] if a.cached else []
     prompt = filler + model.tokenize(a.prompt, add_special=not filler)
     ctx = Context(model, n_ctx=max(1024, len(prompt) + a.n + 64), n_threads=a.threads)

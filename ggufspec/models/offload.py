@@ -91,8 +91,8 @@ def sizes_from_info(info) -> ModelSizes:
             embed += t.n_bytes
         else:
             output += t.n_bytes
-    if output == 0:  # tied embeddings: the output layer reuses token_embd, which then goes to the GPU too
-        output = embed
+    if not any(t.name.startswith("output.") for t in info.tensors):
+        output += embed  # tied embeddings: llama.cpp places a second copy of token_embd with the output layer
     return ModelSizes(info.name, info.n_layers, tuple(layers), output, embed, info.n_embd, info.n_head_kv,
                       info.head_dim_k, info.n_vocab, expert_bytes=tuple(experts) if any(experts) else (),
                       kv_layers=info.kv_layers, mtp_layers=info.n_nextn)
