@@ -209,7 +209,7 @@ out = []
 with Engine(model, model, n_ctx=2048, n_gpu_layers=ngl, draft_n_gpu_layers=ngl) as e:
     prompts = ("def fib(n):", "The quick brown fox")
     alone = [e.generate(p, max_tokens=n, mode="target", ignore_eos=True).tokens for p in prompts]
-    for margin in (0.5, 0.2, 0.05, 0.0):
+    for margin in (None, 0.5, 0.2, 0.05, 0.0):  # None: the margin ggufspec measures here
         for dm in (4, 8):
             rows = ties = same = 0
             speeds = []
@@ -219,7 +219,7 @@ with Engine(model, model, n_ctx=2048, n_gpu_layers=ngl, draft_n_gpu_layers=ngl) 
                 ties += g.stats.ties_settled
                 same += g.tokens == want
                 speeds.append(g.stats.tokens_per_second)
-            out.append({"margin": margin, "draft_max": dm, "rows": rows, "re-decoded": ties, "same texts": same,
+            out.append({"margin": margin if margin is not None else f"measured {e.verification().tie_margin:.3g}", "draft_max": dm, "rows": rows, "re-decoded": ties, "same texts": same,
                         "tok/s": [round(x, 1) for x in speeds]})
     t = [round(e.generate(p, max_tokens=n, mode="target", ignore_eos=True).stats.tokens_per_second, 1) for p in prompts]
 print(json.dumps({"target alone tok/s": t, "rows": out}))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 # Batches up to 16 tokens are timed size by size (on CPUs the kernels work in rows of 4 or 8, so a size
 # between those can cost more than the next one up), and beyond, up to 64, at the sizes in LONG_BATCHES:
 # prompt-lookup drafts of a copied block run that long (llama.cpp's n-gram drafters draft 48 to 64), and
@@ -93,6 +95,9 @@ class Costs:
     # (cached tokens, extra rows there): a verified row beyond the first, with that many tokens cached, costs this
     # many times what the table says (measured in a nearly empty cache); None: not measured (see rows_at)
     deep_rows: tuple[int, float] | None = None
+    # the largest move of a pick's top-2 gap seen in a batch that was not bit-exact against one-token decoding
+    # (`batch_drift`, measured at load); None: not measured (verification then keeps its default margin)
+    drift: float | None = None
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
     _rounds: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see round_seconds
 
@@ -249,7 +254,7 @@ class Costs:
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
                 "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,
                 "verify_chunk": self.chunk(verify_batch) if verify_batch else None, "deep_rows": self.deep_rows,
-                "drafters": drafters, "why": self.why(quant),
+                "drift": self.drift, "drafters": drafters, "why": self.why(quant),
                 "rollback": None if self.rollback is None else vars(self.rollback), "routing": self.routing()}
 
     def routing(self, n: int = 4) -> dict | None:
@@ -289,3 +294,15 @@ HEAD_LABELS = {"mtp": "MTP head", "eagle3": "EAGLE-3 draft", "dflash": "DFlash d
 # Each extra verified token costing this much of a target step or more is "most of a step" (`Costs.why`):
 # the Q4_K_M Qwen target measured 0.44-0.77 on CPUs, its Q8_0 build 0.26-0.33; a GPU's verify batch is nearly free.
 SLOW_BATCH = 0.4
+
+
+def batch_drift(batch: np.ndarray, singles: np.ndarray, near: int = 8) -> float:
+    """How far a batch's logits moved the tokens nearest each row's one-token pick against it: the largest
+    |(b[top] - b[j]) - (s[top] - s[j])| over rows and the `near` tokens j ranked highest by one-token decoding
+    (top among them). A batched pick differs from one-token decoding's only where such a token's one-token gap to
+    the top is below its move; the far tokens, whose gaps are large, move as much but never take the pick."""
+    singles = np.asarray(singles, dtype=np.float64)
+    moved = np.asarray(batch, dtype=np.float64) - singles
+    ranked = np.argsort(-singles, axis=1)[:, :near]  # each row's top first
+    near_moves = np.take_along_axis(moved, ranked, axis=1)
+    return float(np.max(np.abs(near_moves - near_moves[:, :1])))

@@ -158,9 +158,9 @@ class Engine(Closing):
         return self.heads.get("mtp")
 
     def verification(self, exact: bool | None = None, tie_margin: float | None = None) -> Verification:
-        """The verification policy for greedy rounds on this target (exact None: the default here)."""
-        kw = {} if tie_margin is None else {"tie_margin": tie_margin}
-        return Verification.of(self.costs, exact, **kw)
+        """The verification policy for greedy rounds on this target (exact None: the default here; tie_margin None:
+        the margin this target's measured drift sets)."""
+        return Verification.of(self.costs, exact, tie_margin)
 
     def weights(self) -> dict:
         """Where llama.cpp put each model's weights, as it reported it: {role: {buffer: MiB}}."""
@@ -176,7 +176,7 @@ class Engine(Closing):
         self._check_open()
         v = self.verification()
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
-                "threads": self.target_ctx.n_threads, "exact": v.exact,
+                "threads": self.target_ctx.n_threads, "exact": v.exact, "tie_margin": v.tie_margin,
                 **self.costs.report(v.batch_limit(), self.target_model.info.file_type),
                 "text_round_trip": ({**text_round_trip(self.bridge), "difference": self.vocab_difference}
                                     if self.bridge else None)}
@@ -295,7 +295,7 @@ class Engine(Closing):
                 text = b"".join(self.bridge.target_piece(t) for t in prompt_tokens)
                 prompt_tokens = self.bridge.draft_prefix + self.bridge.to_draft(text)
             return Generation(s, prompt_tokens, self.draft_model, draft_ctx, None,
-                              Verification(tie_margin=s.tie_margin), 0)
+                              Verification(), 0)
         if s.mode in DRAFTING_MODES and self.target_ctx.n_batch < 2:  # speculative.draft_max leaves no draft room
             warn_once(f"ggufspec: -b/--batch-size {self.target_ctx.n_batch} leaves no room to verify a draft (the "
                       f"target decodes [last] + draft as one batch): --mode {s.mode} runs as the target alone; use -b 2 "

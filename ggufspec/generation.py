@@ -23,7 +23,7 @@ from .errors import GGUFSpecError
 from .sampling import SAMPLING_RULES, PositionNoise, SamplingParams
 from .speculative import Steps, prefill
 from .text import TextAssembler
-from .verification import DEFAULT_TIE_MARGIN, Verification
+from .verification import Verification
 
 MAX_SEED = 2**63 - 1
 # A prompt-lookup draft's longest: the longest measured batch less the round's last token (llama.cpp's
@@ -51,7 +51,7 @@ class GenerationSettings(SamplingParams):
     lookup_max: int = LOOKUP_MAX
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
-    tie_margin: float = DEFAULT_TIE_MARGIN
+    tie_margin: float | None = None  # None: the target's measured margin here (verification.margin_for)
     # Greedy: verify only in batches proven bit-identical to one-token decoding (identity by
     # construction). None: when this backend has such batches of 2 or more tokens.
     exact: bool | None = None
@@ -90,7 +90,7 @@ class GenerationSettings(SamplingParams):
             (self.draft_p_min is None or 0 <= self.draft_p_min < 1,
              f"{n('draft_p_min')} must be in [0, 1) (got {self.draft_p_min})"),
             (self.lookup_max >= 1, f"{n('lookup_max')} must be at least 1 (got {self.lookup_max})"),
-            (self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
+            (self.tie_margin is None or self.tie_margin >= 0, f"tie_margin must be >= 0 (got {self.tie_margin})"),
             (self.mode in MODES, f"{n('mode')} must be one of {', '.join(MODES)} (got {self.mode!r})"),
             (self.seed is None or 0 <= self.seed <= MAX_SEED,
              f"{n('seed')} must be between 0 and 2**63-1 = {MAX_SEED} (got {self.seed})"),
@@ -128,7 +128,7 @@ SETTING_TYPES = {
     "lookup_max": ("--lookup-max (lookup_max)", int), "tie_margin": ("tie_margin", float),
     "ignore_eos": ("ignore_eos", bool), "reuse_prompt": ("reuse_prompt", bool), "exact": ("exact", bool),
 }
-OPTIONAL = {"seed", "draft_max", "draft_p_min", "exact"}  # None: the default rule decides
+OPTIONAL = {"seed", "draft_max", "draft_p_min", "exact", "tie_margin"}  # None: the default rule decides
 # The command line's flag for each setting, as range errors name it (validate(names="fields") names the setting).
 FLAGS = {"max_tokens": "-n/--n-predict", "temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p",
          "min_p": "--min-p", "draft_max": "--draft-max", "draft_min": "--draft-min", "draft_p_min": "--draft-p-min",

@@ -188,7 +188,7 @@ class Batch:
                 out += [(g, e) for g, _ in members]
                 continue
             seconds = time.perf_counter() - start
-            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.settings.tie_margin), seconds))
+            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.verification.tie_margin), seconds))
                     for (g, p), r in zip(members, rows)]
         return out + [(g, _finish(g, p)) for g, p in alone]
 

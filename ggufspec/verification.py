@@ -17,12 +17,23 @@ from .core import Target
 from .costs import Costs
 from .sampling import Picker, SamplingParams, verify_greedy
 
-# On CPU, llama.cpp's repacked Q4_K kernels compute batches of >= 4 rows with a GEMM whose
-# rounding moves the top-1/top-2 logit gap by up to 0.32 on the Qwen2.5-Coder pair (and past 256
-# cached tokens one-token flash attention splits the keys over threads, so there no batch is exact:
-# dev/measure_batch_drift.py). A batched argmax this close to the runner-up is re-checked by
-# one-token decoding.
+# A batched row whose top-2 gap is under the tie margin is re-checked by one-token decoding. The margin is set per
+# target and device from the drift measured at load (`Costs.drift`: how far a batch that is not bit-exact moved a
+# pick's gap, against one-token decoding), TIE_SAFETY times it, so that a drift the short probe missed is covered:
+# a device whose batches barely drift pays for few re-checks. Where nothing was measured, DEFAULT_TIE_MARGIN: on
+# CPU, llama.cpp's repacked Q4_K kernels moved the Qwen2.5-Coder pair's gaps by up to 0.32 (and past 256 cached
+# tokens one-token flash attention splits the keys over threads: dev/measure_batch_drift.py).
 DEFAULT_TIE_MARGIN = 0.5
+TIE_SAFETY = 2.0
+MIN_TIE_MARGIN = 0.01  # a drift measured as nothing at all still leaves rounding's own ties re-checked
+
+
+def margin_for(costs: Costs | None) -> float:
+    """The tie margin for this target here: TIE_SAFETY x its measured drift (at least MIN_TIE_MARGIN), or
+    DEFAULT_TIE_MARGIN where no drift was measured."""
+    if costs is None or costs.drift is None:
+        return DEFAULT_TIE_MARGIN
+    return max(MIN_TIE_MARGIN, TIE_SAFETY * costs.drift)
 
 
 @dataclass(frozen=True)
@@ -43,9 +54,11 @@ class Verification:
     may_batch: bool = False
 
     @classmethod
-    def of(cls, costs: Costs | None, exact: bool | None = None, tie_margin: float = DEFAULT_TIE_MARGIN) -> "Verification":
+    def of(cls, costs: Costs | None, exact: bool | None = None, tie_margin: float | None = None) -> "Verification":
         """The policy for these measured costs. exact None: exact wherever this backend has bit-identical
-        batches of 2 tokens or more (the default everywhere in ggufspec)."""
+        batches of 2 tokens or more (the default everywhere in ggufspec); tie_margin None: `margin_for` these
+        costs."""
+        tie_margin = margin_for(costs) if tie_margin is None else tie_margin
         if costs is None:  # nothing measured: no batch is known to be exact
             return cls(1, False, tie_margin)
         asked, exact = exact, costs.exact_batch >= 2 if exact is None else exact

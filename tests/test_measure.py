@@ -165,11 +165,11 @@ def test_a_table_that_does_not_add_up_is_measured_again_and_never_cached(tiny, m
     real, tables = measure.measure_target, []
 
     def busy(ctx, *a, **k):
-        seconds, exact, kv = real(ctx, *a, **k)
+        measured = real(ctx, *a, **k)
         if stays_erratic or not tables:
-            seconds = [0.156] + [0.00027] * (len(seconds) - 1)
-        tables.append(seconds)
-        return seconds, exact, kv
+            measured["seconds"] = [0.156] + [0.00027] * (len(measured["seconds"]) - 1)
+        tables.append(measured["seconds"])
+        return measured
 
     monkeypatch.setattr(measure, "measure_target", busy)
     costs, _ = measured(tiny)
@@ -312,3 +312,16 @@ def test_shared_cpus_are_said_once_and_not_measured_again_and_again(tiny, monkey
     assert "stayed erratic; used for this run, not cached" in err
     doctor = run("doctor")
     assert "other processes keep" in doctor.output and "the CPUs are shared" in doctor.output
+
+
+def test_the_drift_of_inexact_batches_is_measured_cached_and_sets_the_tie_margin(tiny):
+    """The tiny F32 target's batches are not bit-exact on CPU: how far they move a pick's gap is measured with the
+    table, cached with it, and greedy verification's tie margin is TIE_SAFETY times it."""
+    from ggufspec.llama import measure
+    from ggufspec.verification import TIE_SAFETY, Verification, margin_for
+
+    costs, _ = measured(tiny, n_ctx=4096)
+    entry = next(v for k, v in measure.load_cache().items() if not k.endswith("|draft"))
+    assert costs.drift is not None and entry["drift"] == costs.drift
+    assert costs.exact_batch < 16 and 0 < costs.drift < 1  # float rounding: small, not nothing
+    assert Verification.of(costs).tie_margin == margin_for(costs) == pytest.approx(max(0.01, TIE_SAFETY * costs.drift))

@@ -120,7 +120,11 @@ def valid_target_entry(entry) -> bool:
             and isinstance(exact, int) and not isinstance(exact, bool) and exact >= 1
             and (kv is None or (isinstance(kv, int) and not isinstance(kv, bool) and kv >= 1))
             and isinstance(entry.get("kv_reach", 0), int) and _valid_rollback(entry.get("rollback"))
-            and _valid_deep(entry.get("deep_rows")))
+            and _valid_deep(entry.get("deep_rows")) and _valid_drift(entry.get("drift")))
+
+
+def _valid_drift(d) -> bool:
+    return d is None or (isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d < float("inf"))
 
 
 def _valid_deep(d) -> bool:

@@ -3,7 +3,8 @@
 Measured once per (model file, threads, offload, machine) and remembered in the cache
 directory: target decode time for batches of 1..16 tokens and of the longer sizes in
 `costs.LONG_BATCHES` (those between take the next measured size's time), the draft's time per token,
-and the largest batch whose logits equal one-token decoding bit for bit. The machine is named
+the largest batch whose logits equal one-token decoding bit for bit, and how far a batch that is not moves a
+pick's gap (the drift that sets greedy verification's tie margin: verification.margin_for). The machine is named
 by its CPU, the features this llama.cpp build uses, its devices and its version, so a cache
 shared between machines (an NFS home, a copied image) never hands one machine another's costs.
 
@@ -27,16 +28,19 @@ from .cost_cache import load_cache, update_cache, valid_draft_entry, valid_targe
 from .head_costs import head_key, measure_head_step, probe_tokens as _probe_tokens
 from .runtime import warn
 from .system import say_if_shared
-from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs, Rollback
+from ..costs import EXACT_MAX, KV_CHECKPOINTS, LONG_BATCHES, LONG_KV, MAX_BATCH, Costs, Rollback, batch_drift
 
 
-def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -> tuple[list[float], int, int | None]:
-    """(seconds per batch size 1..max_batch, largest bit-exact batch, the KV length up to which it was
-    found exact: None if at every checkpoint the context allows). Leaves the KV cache empty.
+def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -> dict:
+    """{"seconds": per batch size 1..max_batch, "exact": the largest bit-exact batch, "exact_kv": the KV length up to
+    which it was found exact (None: at every checkpoint the context allows), "drift": the largest move of a pick's
+    gap seen in a batch that was not exact (costs.batch_drift)}. Leaves the KV cache empty.
 
     Sizes up to EXACT_MAX are each timed, longer ones at LONG_BATCHES (and max_batch); a size between
     takes the time of the next timed one up. The sizes take turns within each repeat, so a machine
     that slows down part way through skews no size against another; each keeps its fastest time.
+    The drift is read where exactness ends: after the prompt where no batch is exact (and with LONG_KV tokens
+    cached), else at the first cached length where exact batches stop being so.
     """
     max_batch = min(max_batch, reach(ctx)[0])
     timed = sorted(set(range(1, EXACT_MAX + 1)) | set(LONG_BATCHES) | {max_batch})
@@ -50,16 +54,23 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
         ctx.decode([x])
     best = fastest_batches(ctx, base, tokens, timed, repeats)
     seconds = [best[min(b for b in timed if b >= n)] for n in range(1, max_batch + 1)]
-    exact = exact_batch_at(ctx, base, min(max_batch, EXACT_MAX))
+    rows = min(max_batch, EXACT_MAX)
+    exact, drift = exact_batch_at(ctx, base, rows)
     exact_kv, held = None, base + exact  # held: the longest KV length where exactness was seen
     if exact > 1:
         for kv in KV_CHECKPOINTS:
-            if kv > ctx.n_ctx or exact_batch_at(ctx, kv - exact, exact) < exact:
+            if kv > ctx.n_ctx:
                 exact_kv = held  # not seen beyond: verify as inexact there
                 break
+            exact_there, drift_there = exact_batch_at(ctx, kv - exact, exact)
+            if exact_there < exact:
+                exact_kv, drift = held, max(drift, drift_there)
+                break
             held = kv
+    elif rows > 1 and LONG_KV + rows <= ctx.n_ctx:  # no batch exact anywhere: a long cache's drift too
+        drift = max(drift, exact_batch_at(ctx, LONG_KV, rows)[1])
     ctx.clear()
-    return seconds, exact, exact_kv
+    return {"seconds": seconds, "exact": exact, "exact_kv": exact_kv, "drift": drift}
 
 
 def fastest_batches(ctx: Context, base: int, tokens: list[int], sizes, repeats: int) -> dict[int, float]:
@@ -75,21 +86,24 @@ def fastest_batches(ctx: Context, base: int, tokens: list[int], sizes, repeats: 
     return best
 
 
-def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> int:
-    """The largest batch (up to max_batch) whose logits equal one-token decoding's, bit for bit,
-    after n_past tokens. Leaves the KV cache empty."""
+def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> tuple[int, float]:
+    """(the largest batch, up to max_batch, whose logits equal one-token decoding's bit for bit after n_past
+    tokens; how far a batch of max_batch moved a pick's gap there: costs.batch_drift, 0.0 where it is exact).
+    Leaves the KV cache empty."""
     tokens = _probe_tokens(ctx, n_past + max_batch)
     ctx.clear()
     ctx.decode(tokens[:n_past], logits="none")
     singles = np.stack([ctx.decode([x])[0].copy() for x in tokens[n_past:]])
-    exact = max_batch
+    exact, drift = max_batch, 0.0
     for b in range(2, max_batch + 1):
         ctx.truncate(n_past)
         if not np.array_equal(ctx.decode(tokens[n_past:n_past + b], logits="all"), singles[:b]):
             exact = b - 1
+            ctx.truncate(n_past)
+            drift = batch_drift(ctx.decode(tokens[n_past:n_past + max_batch], logits="all"), singles)
             break
     ctx.clear()
-    return exact
+    return exact, drift
 
 
 def measure_deep_rows(ctx: Context, seconds: list[float], repeats: int = 3) -> list | None:
@@ -197,7 +211,8 @@ def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
     """A target entry for the cache, and whether it made sense (measured up to `tries` times until it does, or
     once where the CPUs are shared: measuring again there only gives another erratic table)."""
     for _ in range(tries):
-        seconds, exact, exact_kv = measure_target(ctx)
+        measured = measure_target(ctx)
+        seconds = measured["seconds"]
         again = measure_draft_step(ctx, n=3, repeats=2)  # the one-token step, timed afresh
         ok = sane(seconds, again)
         if ok or say_if_shared(ctx.n_threads):
@@ -206,7 +221,8 @@ def measure_target_sanely(ctx: Context, tries: int = 3) -> tuple[dict, bool]:
              f"{seconds[0] * 1e3:.2f} ms, then {again * 1e3:.2f} ms; a busy machine?): measuring again")
     if not ok:
         warn(f"ggufspec: {ctx.model.path.name}: the decode times stayed erratic; used for this run, not cached")
-    entry = {"target_batch_seconds": seconds, "exact_batch": exact, "exact_kv": exact_kv, "kv_reach": reach(ctx)[1],
+    entry = {"target_batch_seconds": seconds, "exact_batch": measured["exact"], "exact_kv": measured["exact_kv"],
+             "drift": measured["drift"], "kv_reach": reach(ctx)[1],
              "deep_rows": measure_deep_rows(ctx, seconds), "rollback": measure_rollback(ctx),
              "machine": machine()["summary"]}
     return entry, ok
@@ -283,4 +299,5 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     rollback = entry.get("rollback")
     return Costs(entry["target_batch_seconds"], entry["exact_batch"], draft_seconds, entry.get("exact_kv"),
                  Rollback(**{f.name: rollback[f.name] for f in fields(Rollback)}) if rollback else None,
-                 head_seconds=head_seconds, deep_rows=tuple(entry["deep_rows"]) if entry.get("deep_rows") else None)
+                 head_seconds=head_seconds, deep_rows=tuple(entry["deep_rows"]) if entry.get("deep_rows") else None,
+                 drift=entry.get("drift"))

@@ -8,11 +8,11 @@ from stats import chi2, chi2_critical
 
 from ggufspec.auto import AutoDrafter
 from ggufspec.core import Round, Stats
-from ggufspec.costs import Costs
+from ggufspec.costs import Costs, batch_drift
 from ggufspec.drafters import LookupDrafter, ModelDrafter
 from ggufspec.sampling import PositionNoise, SamplingParams, probs_from_logits
 from ggufspec.speculative import prefill, rounds
-from ggufspec.verification import Verification
+from ggufspec.verification import DEFAULT_TIE_MARGIN, MIN_TIE_MARGIN, Verification, margin_for
 
 GREEDY = SamplingParams()
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
@@ -282,3 +282,28 @@ def test_a_long_copy_in_one_batch_keeps_the_targets_text_by_re_checking_near_tie
         assert out == ref and longest <= 3
         bent += run(target, prompt, margin=0.0)[0] != ref
     assert bent, "the drift never changed a greedy choice: the test has no power"
+
+
+def test_batch_drift_bounds_where_a_batched_pick_can_differ():
+    """batch_drift: the largest move of a near-top token against a row's one-token pick; a batch picks another token
+    only in a row whose one-token top-2 gap is below it (hand-made rows, then random drifts of random rows)."""
+    singles, batch = np.array([[3.0, 1.0, 0.0, -9.0]]), np.array([[2.9, 1.2, 0.0, -8.0]])
+    assert batch_drift(batch, singles) == pytest.approx(1.1)  # the last token gained 1.0 and the pick lost 0.1...
+    assert batch_drift(batch, singles, near=3) == pytest.approx(0.3)  # ...but it is 12 below: the runner-up's 0.3
+    assert batch_drift(singles, singles) == 0.0
+    rng = np.random.default_rng(0)
+    singles = rng.normal(size=(400, 50))
+    batch = singles + rng.normal(scale=0.05, size=singles.shape)
+    drift = batch_drift(batch, singles)
+    top2 = np.sort(singles, axis=1)[:, -2:]
+    flipped = batch.argmax(axis=1) != singles.argmax(axis=1)
+    assert flipped.any() and (top2[flipped, 1] - top2[flipped, 0] < drift).all()
+
+
+def test_the_tie_margin_is_set_by_the_measured_drift():
+    table = [0.04, 0.05, 0.06]
+    assert margin_for(None) == margin_for(Costs(table, 1)) == DEFAULT_TIE_MARGIN  # nothing measured: the default
+    assert margin_for(Costs(table, 1, drift=0.02)) == pytest.approx(0.04)  # a device whose batches barely drift
+    assert margin_for(Costs(table, 1, drift=0.0)) == MIN_TIE_MARGIN
+    assert Verification.of(Costs(table, 1, drift=0.3)).tie_margin == pytest.approx(0.6)
+    assert Verification.of(Costs(table, 1, drift=0.3), tie_margin=0.1).tie_margin == 0.1  # asked for: kept
