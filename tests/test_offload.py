@@ -330,3 +330,23 @@ def test_bad_kv_type_and_expert_counts_are_one_line(tiny):
     one_line(run("generate", "-m", tiny["target"], "-p", "hi", "-n", 2, "--n-cpu-moe", "1,2"),
              "--n-cpu-moe takes one value")
     one_line(run("generate", "-m", tiny["target"], "-p", "hi", "-n", 2, "--n-cpu-moe", "-2"), "-2 is negative")
+
+
+def test_tune_says_what_a_layer_moved_and_the_drafts_place_cost():
+    """From the measured rows alone: the target alone at two -ngl (the best's -ngld), the drafting rows' best at each
+    -ngld; for a mixture of experts, at two expert splits."""
+    from ggufspec.bench.tune import why
+
+    def row(ngl, ngld, mode, tps, moe=None):
+        return {"ngl": ngl, "ngld": ngld, "cpu_moe": moe, "mode": mode, "tokens_per_second": tps}
+
+    dense = [row(43, 33, "target", 4.0), row(47, 33, "target", 5.0), row(47, 33, "auto", 9.0),
+             row(47, 0, "target", 5.1), row(47, 0, "draft", 3.0), row(43, 33, "draft", 7.5)]
+    assert why(dense, dense[2]) == [
+        "a target layer on the CPU instead of the GPU costs 12.50 ms a token here (the target alone: 4.00 tok/s at "
+        "-ngl 43, 5.00 at -ngl 47)",
+        "the draft with -ngld 33: 9.00 tok/s at best, with -ngld 0: 3.00 (the plan puts the draft on the GPU first, "
+        "then the target's layers)"]
+    moe = [row(49, 29, "target", 20.0, 8), row(49, 29, "target", 25.0, 4), row(49, 29, "auto", 40.0, 4)]
+    assert why(moe, moe[2]) == ["a layer's experts on the CPU costs 2.50 ms a token here (the target alone: 20.00 "
+                                "tok/s at --n-cpu-moe 8, 25.00 at --n-cpu-moe 4)"]

@@ -188,7 +188,40 @@ def _pick(found: list[dict], gpu: bool, pair: str | None) -> TuneResult:
     if plain and best["mode"] != "target" and best["min"] <= plain[0]["max"]:
         notes.append("the best setting's range overlaps plain decoding's: on this machine the difference is within "
                      "run-to-run noise (more --repeats or -n narrow it)")
-    return TuneResult(found, best, pair, gpu, notes)
+    return TuneResult(found, best, pair, gpu, notes + (why(found, best) if gpu else []))
+
+
+def why(found: list[dict], best: dict) -> list[str]:
+    """What the measured placements say, in a line each: what a target layer (or a layer's experts) moved to the
+    CPU costs per token, from the target alone at the best's other settings, and what the draft's place is worth,
+    from the fastest drafting row at each -ngld."""
+    lines = []
+    moved = "ngl" if len({r["ngl"] for r in found}) > 1 else "cpu_moe" if len({r["cpu_moe"] for r in found}) > 1 else None
+    if moved:
+        fixed = [k for k in ("ngl", "cpu_moe", "ngld") if k != moved]
+        plain = sorted((r[moved], r["tokens_per_second"]) for r in found
+                       if r["mode"] == "target" and all(r[k] == best[k] for k in fixed))
+        if len(plain) > 1 and plain[0][1] > 0 and plain[-1][1] > 0:
+            (low, slow), (high, fast) = plain[0], plain[-1]
+            ms = (1 / slow - 1 / fast) * 1000 / (high - low)
+            if moved == "cpu_moe":  # more layers' experts on the CPU is the slower end
+                ms, (low, slow), (high, fast) = -ms, (high, fast), (low, slow)
+            what = "a target layer on the CPU instead of the GPU" if moved == "ngl" else "a layer's experts on the CPU"
+            lines.append(f"{what} costs {ms:.2f} ms a token here (the target alone: {slow:.2f} tok/s at "
+                         f"{_flag(moved, low)}, {fast:.2f} at {_flag(moved, high)})")
+    drafting = {}
+    for r in found:
+        if r["mode"] != "target" and r["tokens_per_second"] > drafting.get(r["ngld"], 0.0):
+            drafting[r["ngld"]] = r["tokens_per_second"]
+    if len(drafting) > 1:
+        on, off = max(drafting), min(drafting)
+        lines.append(f"the draft with -ngld {on}: {drafting[on]:.2f} tok/s at best, with -ngld {off}: "
+                     f"{drafting[off]:.2f} (the plan puts the draft on the GPU first, then the target's layers)")
+    return lines
+
+
+def _flag(key: str, value: int) -> str:
+    return f"-ngl {value}" if key == "ngl" else f"--n-cpu-moe {moe_text(value)}"
 
 
 def check_save(pair: str | None, registry: str | Path | None = None) -> None:
