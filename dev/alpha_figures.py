@@ -92,7 +92,8 @@ def speculative_simple(run, target: Path, draft: Path, prompt: str, n: int, thre
 
 def write_pair(run, work: Path, small: dict) -> tuple[Path, dict[float, Path]]:
     """The chained target and a draft per α (written once per work folder and size)."""
-    from shaped import Chain, write_shaped
+    from shaped import Chain
+    from sized import write_sized  # zero blocks left unwritten: a chained model computes nothing else, in no time
 
     size = "-small" if small else ""
     target = work / f"target-8b-chained{size}.gguf"
@@ -100,10 +101,10 @@ def write_pair(run, work: Path, small: dict) -> tuple[Path, dict[float, Path]]:
     draft_small = {**small, **SMALL_DRAFT} if small else {}
     start = time.monotonic()
     if not target.exists():
-        write_shaped(target, "llama-3.1-8b", seed=0, chain=Chain(CHAIN_SEED), **small)
+        write_sized(target, "llama-3.1-8b", "Q4_K_M", seed=0, chain=Chain(CHAIN_SEED), **small)
     for alpha, path in drafts.items():
         if not path.exists():
-            write_shaped(path, "llama-3.2-1b", seed=1, chain=Chain(CHAIN_SEED, alpha=alpha), **draft_small)
+            write_sized(path, "llama-3.2-1b", "Q4_K_M", seed=1, chain=Chain(CHAIN_SEED, alpha=alpha), **draft_small)
     run.say(f"- the chained 8B-shaped target and 1B-shaped drafts ready in {time.monotonic() - start:.0f} s")
     return target, drafts
 

@@ -20,7 +20,9 @@ Steps:
   several cached lengths: how far batched logits move from one-token decoding there (the tie margin's ground);
 - sampler: llama.cpp's backend greedy sampler (llama_set_sampler's way, at context creation) against reading the
   logits row, one token at a time, on the stand-in (Qwen2.5's 151,936-token vocabulary) and the 8B;
-- tune: the seed's case at α 0.7: `ggufspec tune` beside a sweep of the placements around its plan (target -ngl,
+- alpha: dev/alpha_figures.py's speed at α 0.5, 0.7, 0.9 (a chained 8B-shaped target, 1B-shaped drafts, all on
+  the GPU) beside llama.cpp's speculative-simple, and `ggufspec costs`' forecast beside each measured speed-up;
+- tune: the mixture of experts (or, with --tune-case 0, the seed's case) at α 0.7: `ggufspec tune` beside a sweep of the placements around its plan (target -ngl,
   -ngld all / half / none; draft-max 2, 4, 8; target, draft and auto), and llama.cpp's programs at tune's choice.
 
     python3 dev/gpu_offload.py run --bundle .devcarry --out $OUT        # there (device run, carry .devcarry)
@@ -361,7 +363,7 @@ def tune_step(run: Run, seed: dict, small: bool) -> None:
         run.say("```\n" + c.stdout.strip() + "\n```")
 
 
-STEPS = ("plan", "drift", "sampler", "tune")
+STEPS = ("plan", "drift", "sampler", "alpha", "tune")
 
 
 def main(argv=None) -> int:
@@ -411,6 +413,12 @@ def main(argv=None) -> int:
             margin_step(run, a.work, a.small)
         if "sampler" in steps:
             sampler_step(run, a.work, a.small)
+        if "alpha" in steps:  # item 4: dev/alpha_figures.py's chained 8B and 1B drafts, all on the card
+            from alpha_figures import speed_at_alpha
+            from gpu_figures import PROMPT
+
+            speed_at_alpha(run, a.work, SMALL if a.small else {}, 64 if a.small else 256, PROMPT,
+                           threads=1 if a.small else 0, repeats=2)
         if blocker and seed:
             blocker.keep(seed["budget"] + 512 * MiB)
         if "tune" in steps:
