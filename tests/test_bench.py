@@ -689,3 +689,29 @@ def test_a_request_the_server_refuses_shows_the_servers_message():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_llama_cpps_rows_run_at_the_engines_placement(monkeypatch):
+    """On a GPU, llama-bench would put every layer there and speculative-simple fit its own split: both get the
+    engine's -ngl / -ngld / --n-cpu-moe (llama.cpp's spelling); on a machine without a GPU, or a target on RPC
+    servers, nothing is added."""
+    from types import SimpleNamespace
+
+    from ggufspec.bench import reference
+    from ggufspec.llama import devices
+
+    def engine(ngl, ngld, moe=0, rpc=None):
+        target = SimpleNamespace(devices=rpc, n_gpu_layers=ngl, cpu_moe=moe, info=SimpleNamespace(n_layers=48))
+        return SimpleNamespace(target_model=target, draft_model=SimpleNamespace(n_gpu_layers=ngld), head_model=None)
+
+    monkeypatch.setattr(devices, "local_gpus", lambda: {"CUDA0": 24 << 30})
+    seed = engine(47, -1)
+    assert reference.placement(seed, "llama-bench") == ("-ngl", "47")
+    assert reference.placement(seed, "llama-speculative-simple") == ("-ngl", "47", "-fit", "off", "-ngld", "all")
+    moe = engine(-1, 0, moe=-1)
+    assert reference.placement(moe, "llama-bench") == ("-ngl", "-1", "-ncmoe", "48")
+    assert reference.placement(moe, "llama-speculative-simple") == ("-ngl", "all", "-ncmoe", "48", "-fit", "off",
+                                                                    "-ngld", "0")
+    assert reference.placement(engine(47, -1, rpc=["RPC0"]), "llama-bench") == ()
+    monkeypatch.setattr(devices, "local_gpus", lambda: {})
+    assert reference.placement(seed, "llama-speculative-simple") == ()

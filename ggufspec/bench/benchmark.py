@@ -103,7 +103,7 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
 
 def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress, notes: list):
     from ..models.resolve import merge_pair_settings, open_engine
-    from .reference import llama_bench_before, reference_rows
+    from .reference import llama_bench_before, placement, reference_rows
 
     engine, pair_defaults = open_engine(load)
     with engine:
@@ -120,7 +120,8 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
         before = None  # llama-bench's results before the runs; where it fails, a note, and ggufspec's runs go on
         if llama_cpp_bin:
             before = llama_bench_before(Path(llama_cpp_bin), engine.target_model.path, settings.max_tokens,
-                                        engine.target_ctx.n_threads, tuple(depths.values()), notes.append)
+                                        engine.target_ctx.n_threads, tuple(depths.values()), notes.append,
+                                        placement(engine, "llama-bench"))
         runs: list[Run] = []
         interrupted = False
         try:

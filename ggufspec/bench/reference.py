@@ -111,13 +111,15 @@ def _parse_llama_bench(stdout: str, depths: tuple[int, ...]) -> dict[int, dict]:
         raise GGUFSpecError(f"llama-bench printed results without a speed (avg_ts): {_last_line(stdout)!r}") from None
 
 
-def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths: tuple[int, ...] = (0,)) -> dict[int, dict]:
+def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths: tuple[int, ...] = (0,),
+                placement: tuple[str, ...] = ()) -> dict[int, dict]:
     """Target-only generation speed as llama-bench measures it (tg N, 5 repetitions), after `depth`
     tokens in the cache (-d: ggufspec's runs generate after their prompt, and at 100 cached tokens a
-    step costs some 5% more than in an empty cache). Returns {depth: {"tokens_per_second", ...}}."""
+    step costs some 5% more than in an empty cache). Returns {depth: {"tokens_per_second", ...}}.
+    placement: llama-bench's flags for the engine's layers (`placement(engine, "llama-bench")`)."""
     depths = tuple(sorted(set(depths))) or (0,)
     cmd = [str(_program(bin_dir, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(n_tokens), "-t", str(threads),
-           "-d", ",".join(map(str, depths)), "-o", "json"]
+           "-d", ",".join(map(str, depths)), "-o", "json", *placement]
     code, out, err = _call(cmd, bin_dir)
     if code != 0:
         raise GGUFSpecError(f"llama-bench failed: {_last_line(err.decode('utf-8', 'replace'))}")
@@ -125,11 +127,11 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths:
 
 
 def llama_bench_before(bin_dir: Path, model: Path, n_tokens: int, threads: int, depths: tuple[int, ...],
-                       note) -> dict[int, dict] | None:
+                       note, placement: tuple[str, ...] = ()) -> dict[int, dict] | None:
     """llama_bench() before ggufspec's runs; None, with one line through note(), where it fails: its row is then
     left out and ggufspec's own rows still run (a reference that fails never costs them)."""
     try:
-        return llama_bench(bin_dir, model, n_tokens, threads, depths)
+        return llama_bench(bin_dir, model, n_tokens, threads, depths, placement)
     except GGUFSpecError as e:
         note(f"{e}; llama-bench's row is left out")
         return None
@@ -147,13 +149,13 @@ DRAFTERS = {"draft-mtp": "MTP layers", "draft-eagle3": "EAGLE-3 draft", "draft-d
 
 
 def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_text: str, n_tokens: int, threads: int,
-                       n_ctx: int, draft_max: int, spec_type: str = "draft-simple") -> dict:
+                       n_ctx: int, draft_max: int, spec_type: str = "draft-simple", placement: tuple[str, ...] = ()) -> dict:
     """One greedy run of llama-speculative-simple; its own timing of the generation phase. The prompt is
     passed with --no-escape: by default llama.cpp's programs read a backslash sequence in -p as an escape,
-    so a prompt of code holding `"\\n"` would be another prompt."""
+    so a prompt of code holding `"\\n"` would be another prompt. placement: its flags for the engine's layers."""
     cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
            "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
-           "-c", str(n_ctx), "--ignore-eos", "--no-escape"]
+           "-c", str(n_ctx), "--ignore-eos", "--no-escape", *placement]
     if draft is not None and spec_type.startswith("draft-"):  # draft-mtp's is a sibling mtp-*.gguf, where given
         cmd[3:3] = ["-md", str(draft)]
     start = time.monotonic()
@@ -250,7 +252,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     after = None
     try:
         if llama_bench_again:
-            after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()))
+            after = llama_bench(bin_dir, target, n_tokens, threads, tuple(depths.values()), placement(engine, "llama-bench"))
     except GGUFSpecError as e:
         note(f"{e}; llama-bench's row shows only its run before ggufspec's" if llama_bench_before else
              f"{e}; llama-bench's row is left out")
@@ -272,7 +274,8 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
             if (spec_type, k) in failed or "hung" in failed:
                 continue
             run_one = functools.partial(speculative_simple, bin_dir, target, second, n_tokens=n_tokens, threads=threads,
-                                        n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type)
+                                        n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type,
+                                        placement=placement(engine, "llama-speculative-simple"))
             try:
                 row = _speculative_row(run_one, texts, ours, spec_type, k, target_tps.get(group), group, note, n_tokens)
             except ProgramHung as e:
@@ -286,6 +289,29 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
             if row is not None:
                 into.append(row)
     return into
+
+
+def placement(engine, program: str) -> tuple[str, ...]:
+    """The engine's placement as `program`'s flags (llama-bench, llama-speculative-simple), so that llama.cpp's rows
+    run at the same -ngl, -ngld and --n-cpu-moe; nothing where this machine has no GPU (their defaults keep every
+    layer on the CPU there) or where the target's layers are on RPC servers (not passed on). llama.cpp's own
+    defaults would otherwise decide on a GPU: llama-bench puts every layer there, speculative-simple fits
+    its own split (-fit on)."""
+    from ..llama.devices import local_gpus
+
+    target = engine.target_model
+    draft = engine.draft_model or getattr(engine, "head_model", None)  # -md: a draft model, or an EAGLE-3 / DFlash draft
+    if target.devices or not local_gpus():
+        return ()
+
+    def layers(n: int) -> str:
+        return str(n) if n >= 0 or program == "llama-bench" else "all"
+
+    experts = target.cpu_moe if target.cpu_moe >= 0 else target.info.n_layers
+    flags = ["-ngl", layers(target.n_gpu_layers)] + (["-ncmoe", str(experts)] if experts else [])
+    if program == "llama-speculative-simple":
+        flags += ["-fit", "off"] + (["-ngld", layers(draft.n_gpu_layers)] if draft is not None else [])
+    return tuple(flags)
 
 
 def _speculative_configs(engine, draft_max: tuple[int, ...]) -> list[tuple[str, int | None, Path | None]]:
