@@ -245,8 +245,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     whether its greedy text was the same (it decodes the last prompt token by itself, so at a near-tie
     it writes another text, and its speed is then on other work).
     """
-    bin_dir = Path(bin_dir)
-    target = engine.target_model.path
+    bin_dir, target, flags = Path(bin_dir), engine.target_model.path, placement(engine, "llama-speculative-simple")
     threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
     depths = depths or {group: 0 for group in groups}
     after = None
@@ -274,8 +273,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
             if (spec_type, k) in failed or "hung" in failed:
                 continue
             run_one = functools.partial(speculative_simple, bin_dir, target, second, n_tokens=n_tokens, threads=threads,
-                                        n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type,
-                                        placement=placement(engine, "llama-speculative-simple"))
+                                        n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type, placement=flags)
             try:
                 row = _speculative_row(run_one, texts, ours, spec_type, k, target_tps.get(group), group, note, n_tokens)
             except ProgramHung as e:
