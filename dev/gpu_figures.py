@@ -114,6 +114,29 @@ def unpack(src: Path, work: Path) -> tuple[Path, dict]:
 
 # ---------------------------------------------------------------------------------------------------- there: run
 
+def prepare(a, argv, script: str) -> tuple[Path, dict]:
+    """A run's folders (a.out, a.work) made, and (llama.cpp's programs, the environment to run in): a.bundle unpacked
+    where given, and `script` begun again under its environment (the loader reads LD_LIBRARY_PATH at start), else
+    a.bin with this checkout's packages. Shared by this script and dev/gpu_offload.py."""
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.work.mkdir(parents=True, exist_ok=True)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    bin_dir = a.bin
+    if a.bundle:
+        bin_dir, env = unpack(a.bundle.resolve(), a.work)
+        if os.environ.get("GPU_FIGURES_UNPACKED") != "1":
+            os.execve(sys.executable, [sys.executable, str(Path(script).resolve()), *(argv or sys.argv[1:])],
+                      {**os.environ, **env, "GPU_FIGURES_UNPACKED": "1"})
+    sys.path[:0] = env["PYTHONPATH"].split(os.pathsep)
+    return bin_dir, env
+
+
+def gpu_named() -> str:
+    """The card as nvidia-smi names it: name, memory, free memory, driver."""
+    return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
+                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+
+
 class Run:
     def __init__(self, out: Path, work: Path, budget: float, env: dict, bin_dir: Path, gpu: bool):
         self.out, self.deadline, self.bin, self.gpu = out, time.monotonic() + budget, bin_dir, gpu
@@ -317,24 +340,13 @@ def main(argv=None) -> int:
     if a.cmd == "bundle":
         bundle(a.build, a.out)
         return 0
-    a.out.mkdir(parents=True, exist_ok=True)
-    a.work.mkdir(parents=True, exist_ok=True)
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    bin_dir = a.bin
-    if a.bundle:
-        bin_dir, env = unpack(a.bundle.resolve(), a.work)
-        if os.environ.get("GPU_FIGURES_UNPACKED") != "1":  # the loader reads LD_LIBRARY_PATH at start: begin again
-            os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])],
-                      {**os.environ, **env, "GPU_FIGURES_UNPACKED": "1"})
-    sys.path[:0] = env["PYTHONPATH"].split(os.pathsep)
+    bin_dir, env = prepare(a, argv, __file__)
     smi = shutil.which("nvidia-smi")
     run = Run(a.out, a.work, a.budget, env, bin_dir, gpu=(bool(smi) or a.device != "CUDA0") and not a.small)
     start = time.monotonic()
     run.say("# ggufspec GPU figures")
     if smi:
-        gpu = subprocess.run([smi, "--query-gpu=name,memory.total,memory.free,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
-        run.say(f"GPU (nvidia-smi): {gpu}")
+        run.say(f"GPU (nvidia-smi): {gpu_named()}")
     r = run.ggufspec("doctor", cap=60, name="doctor")
     if r is not None:
         run.say("```\n" + "\n".join(r.stdout.strip().splitlines()[:14]) + "\n```")

@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "tests")]
-from gpu_figures import QWEN_VOCAB, ROOT, Run, unpack  # noqa: E402
+from gpu_figures import QWEN_VOCAB, ROOT, Run, gpu_named, prepare  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
 # (name, target (shape, quant, chain alpha or None), draft (shape, quant, alpha, overrides), budget GiB, -c)
@@ -378,24 +378,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", default=",".join(STEPS), help=f"which of {', '.join(STEPS)} to run")
     ap.add_argument("--tune-case", type=int, default=1, help="which case tune sweeps (0: the seed's; 1: the MoE)")
     a = ap.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    a.work.mkdir(parents=True, exist_ok=True)
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    bin_dir = a.bin
-    if a.bundle:
-        bin_dir, env = unpack(a.bundle.resolve(), a.work)
-        if os.environ.get("GPU_FIGURES_UNPACKED") != "1":  # the loader reads LD_LIBRARY_PATH at start: begin again
-            os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])],
-                      {**os.environ, **env, "GPU_FIGURES_UNPACKED": "1"})
-    sys.path[:0] = env["PYTHONPATH"].split(os.pathsep)
-    gpu = bool(subprocess.run(["which", "nvidia-smi"], capture_output=True).stdout) and not a.small
+    bin_dir, env = prepare(a, argv, __file__)
+    gpu = bool(shutil.which("nvidia-smi")) and not a.small
     run = Run(a.out, a.work, a.budget, env, bin_dir, gpu=gpu)
     start = time.monotonic()
     run.say("# ggufspec offload, tune and margin on a GPU")
     if gpu:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
-        run.say(f"GPU (nvidia-smi): {smi}")
+        run.say(f"GPU (nvidia-smi): {gpu_named()}")
     r = run.ggufspec("doctor", cap=60, name="doctor")
     if r is not None:
         run.say("```\n" + "\n".join(r.stdout.strip().splitlines()[:12]) + "\n```")

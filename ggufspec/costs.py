@@ -95,8 +95,8 @@ class Costs:
     # (cached tokens, extra rows there): a verified row beyond the first, with that many tokens cached, costs this
     # many times what the table says (measured in a nearly empty cache); None: not measured (see rows_at)
     deep_rows: tuple[int, float] | None = None
-    # the largest move of a pick's top-2 gap seen in a batch that was not bit-exact against one-token decoding
-    # (`batch_drift`, measured at load); None: not measured (verification then keeps its default margin)
+    # the largest move of a near-top token against the pick seen in a batch that was not bit-exact against one-token
+    # decoding (`batch_drift`, measured at load); it raises verification's tie margin where larger; None: not measured
     drift: float | None = None
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
     _rounds: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see round_seconds

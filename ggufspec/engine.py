@@ -159,7 +159,7 @@ class Engine(Closing):
 
     def verification(self, exact: bool | None = None, tie_margin: float | None = None) -> Verification:
         """The verification policy for greedy rounds on this target (exact None: the default here; tie_margin None:
-        the margin this target's measured drift sets)."""
+        the default margin, raised where this target's measured drift asks more: verification.margin_for)."""
         return Verification.of(self.costs, exact, tie_margin)
 
     def weights(self) -> dict:

@@ -51,7 +51,7 @@ class GenerationSettings(SamplingParams):
     lookup_max: int = LOOKUP_MAX
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
-    tie_margin: float | None = None  # None: the target's measured margin here (verification.margin_for)
+    tie_margin: float | None = None  # None: verification.margin_for this target's measured costs
     # Greedy: verify only in batches proven bit-identical to one-token decoding (identity by
     # construction). None: when this backend has such batches of 2 or more tokens.
     exact: bool | None = None

@@ -4,6 +4,7 @@ import os
 
 from clirun import ggufspec, one_line, run, stderr_lines
 import json
+import re
 
 import pytest
 
@@ -200,12 +201,16 @@ def test_costs_reports_the_measured_table_and_where_drafting_pays(tiny):
     assert out["exact_batch"] >= 1 and out["draft_token_seconds"] > 0
     assert set(out["drafters"]) == {"lookup", "draft model"}
     assert out["deep_rows"][0] == 256 - 16 - 1 and out["deep_rows"][1] >= 0  # rows timed as deep as -c 256 allows
+    assert out["drift"] is not None and out["tie_margin"] == max(0.5, 2 * out["drift"])  # no batch exact: measured
     for d in out["drafters"].values():
         assert d["break_even_alpha"] is None or 0 < d["break_even_alpha"] <= 1
         assert d["speedup_if_always_right"] <= out["ceiling_speedup"] + 1e-9  # drafting is never free-er than free
     r = run("costs", "-m", tiny["target"], "-c", 256, "--refresh")
     assert r.exit_code == 0, r.output
     assert "tokens / steps" in r.output and "lookup:" in r.output and "with 239 tokens cached a verified row" in r.output
+    assert re.search(r"a batched row whose top-2 gap is under [0-9.]+ is decoded again by itself \((the default "
+                     r"margin; the drift measured here, [0-9.e-]+, asks no more|2 x the drift measured here, [0-9.]+)\)",
+                     r.output), r.output  # --refresh measured the drift again: either reason
 
 
 def test_costs_with_a_missing_model_is_one_line(tmp_path):

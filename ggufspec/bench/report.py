@@ -12,7 +12,7 @@ from tabulate import tabulate
 from ..errors import GGUFSpecError
 from ..models.offload import moe_text, size_text
 from ..text import plural
-from ..verification import TIE_SAFETY
+from ..verification import DEFAULT_TIE_MARGIN, TIE_SAFETY
 
 
 def table(rows: list[dict], columns: list[tuple[str, str]] | None = None, fmt: str = "simple") -> str:
@@ -247,9 +247,10 @@ def costs_text(out: dict) -> str:
                  f"({out['ceiling_tokens_per_round']} tokens per round)")
     if out.get("tie_margin") is not None and (not out["exact"] or out.get("exact_kv")):
         drift = out.get("drift")
-        lines.append(f"a batched row whose top-2 gap is under {out['tie_margin']:.3g} is decoded again by itself "
-                     + (f"({TIE_SAFETY:g} x the drift measured here, {drift:.3g})" if drift is not None else
-                        "(no drift measured: the default margin)"))
+        why = ("no drift measured: the default margin" if drift is None else
+               f"{TIE_SAFETY:g} x the drift measured here, {drift:.3g}" if TIE_SAFETY * drift > DEFAULT_TIE_MARGIN else
+               f"the default margin; the drift measured here, {drift:.3g}, asks no more")
+        lines.append(f"a batched row whose top-2 gap is under {out['tie_margin']:.3g} is decoded again by itself ({why})")
     if out.get("deep_rows"):
         kv, extra = out["deep_rows"]
         lines.append(f"with {kv} tokens cached a verified row beyond the first costs {extra:.2f}x what it does in an empty "
