@@ -116,10 +116,10 @@ def mib(n: float) -> str:
 
 def write_case(work: Path, case, small: bool) -> tuple[Path, Path]:
     from shaped import Chain
-    from sized import write_sized
+    from sized import SIZED_SHAPES, write_sized
 
     _, (t_shape, t_quant, t_alpha), (d_shape, d_quant, d_alpha, d_over), _, _ = case
-    size = (SMALL_MOE if "n_expert" in __import__("sized").SIZED_SHAPES[t_shape] else SMALL) if small else {}
+    size = (SMALL_MOE if "n_expert" in SIZED_SHAPES[t_shape] else SMALL) if small else {}
     dsize = ({**SMALL, "n_layer": 2} if d_shape != "qwen3-0.6b" else
              {"n_layer": 2, "n_vocab": 2048}) if small else {}
     target = write_sized(work / f"{t_shape}.gguf", t_shape, t_quant, chain=t_alpha and Chain(seed=1, alpha=t_alpha),
