@@ -271,6 +271,10 @@ class Picker:
         self._check(s[pick])
         return pick
 
+    def gap(self, row: np.ndarray, t: int) -> float:
+        """The row's top-2 gap in logits: of the logits, or of the coupled scores (what a tie margin is held to)."""
+        return top2_gap(self.scores(row, t)) / self._unit
+
     def _check(self, score) -> None:
         """argmax picks a row's first NaN (a NaN in the row makes the coupled score NaN too), so the picked score alone
         tells a row that is not finite: one number, not another pass over the vocabulary."""
@@ -288,9 +292,55 @@ class Picker:
             pick = int(np.argmax(s))
             self._check(s[pick])
             picks.append(pick)
-            tied = margin is not None and np.count_nonzero(s >= s[pick] - margin * self._unit) > 1
+            tied = margin is not None and (np.count_nonzero(s >= s[pick] - margin * self._unit) > 1
+                                           or self._shaped and self._edge_tie(row, s, pick, t0 + i, margin))
             gaps.append(top2_gap(s) / self._unit if tied else None)
         return picks, gaps
+
+    def _edge_tie(self, row: np.ndarray, s: np.ndarray, pick: int, t: int, margin: float) -> bool:
+        """Whether a filter's edge (top-k, top-p, min-p) decides this coupled pick within `margin` logits of drift:
+        the pick is a token the filters might drop, or a token they dropped but might keep scores within the
+        margin of the pick (its noise can outscore the pick by far more than the row's top-2 gap says)."""
+        x = np.asarray(row)
+        order, fewest, most = filter_edges(x, self.params, margin)
+        if x[pick] < x[order[fewest - 1]]:
+            return True
+        band = order[:most]
+        band = band[np.isneginf(s[band])]  # dropped here, kept under some drift
+        if len(band) == 0:
+            return False
+        best = np.max(x[band] * self._unit + self.noise.at(t)[band] * self._noise_scale)
+        return bool(best >= s[pick] - margin * self._unit)
+
+
+def filter_edges(row: np.ndarray, params: SamplingParams, drift: float) -> tuple[np.ndarray, int, int]:
+    """The filters keep a prefix of the tokens ranked by logit. With each logit off by up to `drift` against the
+    top one's (a batched row's; two tokens' logits then move up to twice that against each other): (the ranking of
+    the tokens within NEGLIGIBLE of the top, whose noise alone can never lift the others; the fewest and the most
+    of them the filters could keep)."""
+    x = np.asarray(row, dtype=np.float64)
+    top = x.max()
+    near = np.flatnonzero(x >= top - NEGLIGIBLE)
+    order = near[np.argsort(-x[near], kind="stable")]
+    xs = x[order]
+    fewest = most = len(xs)
+    k = params.top_k
+    if 0 < k < len(xs):
+        fewest = int(np.count_nonzero(xs > xs[k] + 2 * drift))  # those ahead of the first dropped by more than a move
+        most = int(np.count_nonzero(xs >= xs[k - 1] - 2 * drift))
+    if params.top_p < 1.0:  # the mass of a prefix against the rest moves by up to e^(2 drift) either way
+        w, p = math.exp(2 * drift), params.top_p
+        weights = np.exp(xs - top)
+
+        def kept(m: int, mass: float) -> int:  # apply_top_p's count over the first m
+            return m if mass >= 1.0 else min(m, int(np.searchsorted(np.cumsum(weights[:m]) / weights[:m].sum(),
+                                                                      mass, side="left")) + 1)
+        fewest, most = kept(fewest, p / w / (1 - p + p / w)), kept(most, p * w / (1 - p + p * w))
+    if params.min_p > 0.0:  # a threshold on the logit against the top's
+        cut = top + math.log(params.min_p)
+        fewest = min(fewest, int(np.count_nonzero(xs >= cut + drift)))
+        most = min(most, int(np.count_nonzero(xs >= cut - drift)))
+    return order, max(fewest, 1), most
 
 
 def _shaped(row: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -297,7 +297,7 @@ def test_the_default_bench_table_fits_120_columns(tiny):
     assert "draft-alone" in narrow.stdout and "draft (draft-max 4)" in narrow.stdout
     wide = CliRunner().invoke(cli, args + ["--wide"])
     assert "draft/verify/other" in wide.stdout and "draft/verify/other" not in narrow.stdout
-    # progress only when stderr is a terminal (a busy machine's "measuring again" warning may come all the same)
+    # progress only when stderr is a terminal (a busy machine's "do not add up" warning may come all the same)
     assert [line for line in narrow.stderr.splitlines() if not line.startswith("ggufspec: ")] == []
 
 

@@ -598,7 +598,7 @@ def test_bench_chat_prompts_on_a_model_without_a_template(tiny, tmp_path):
 # -- bench --concurrency: the same checks as plain bench, before a server starts ---------------------------------
 
 def refused(result, *needles) -> str:
-    """`one_line`, past the notes a busy machine's cost measuring may print first ("ggufspec: ... measuring again")."""
+    """`one_line`, past the notes a busy machine's cost measuring may print first ("ggufspec: ... do not add up ...")."""
     from types import SimpleNamespace
 
     stderr = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("ggufspec: "))

@@ -146,6 +146,18 @@ def test_out_of_range_settings(tiny, args, needle):
     one_line(run("generate", "-m", tiny["target"], "-p", "hi", *args), needle)
 
 
+@pytest.mark.parametrize("args", [["--top-p", "0"], ["--mode", "magic"], ["--mode", "target", "-n", "2"]])
+def test_nothing_is_measured_for_a_refused_setting_or_the_target_alone(tiny, monkeypatch, args):
+    """A bad value is one line before any model loads (a busy machine's measuring notes once came first); the
+    target alone verifies nothing, so its costs are not measured either."""
+    from ggufspec.llama import measure
+
+    measured = []
+    monkeypatch.setattr(measure, "measure_target_sanely", lambda ctx, *a: measured.append(ctx) or 1 / 0)
+    r = run("generate", "-m", tiny["target"], "-p", "hi", *args)
+    assert measured == [] and (r.exit_code == 0) == ("target" in args), r.output
+
+
 def test_generate_and_costs_take_llama_cpps_kv_cache_flags(tiny, tmp_path):
     """-ctv once read as `-c tv` (and plan printed flags generate refused): the flags plan prints run."""
     from tiny import write_tiny_model

@@ -174,11 +174,13 @@ def test_a_table_that_does_not_add_up_is_measured_again_and_never_cached(tiny, m
     monkeypatch.setattr(measure, "measure_target", busy)
     costs, _ = measured(tiny)
     err = capfd.readouterr().err
-    assert "the measured decode times do not add up (one token 156.00 ms" in err and "measuring again" in err
     cached = [v for k, v in measure.load_cache().items() if not k.endswith("|draft")]
-    if stays_erratic:
-        assert len(tables) == 3 and "stayed erratic; used for this run, not cached" in err and cached == []
-    else:
+    if stays_erratic:  # one line, after the last try
+        assert len(tables) == 3 and cached == [], err
+        assert err.count("the measured decode times do not add up (one token 156.00 ms") == 1, err
+        assert "used for this run, not cached" in err
+    else:  # a hiccup measured again, quietly
+        assert "do not add up" not in err, err
         assert len(tables) == 2 and cached[0]["target_batch_seconds"] == tables[1] == costs.target_batch_seconds
         assert measure.sane(costs.target_batch_seconds, costs.target_batch_seconds[0])
 
@@ -309,7 +311,7 @@ def test_shared_cpus_are_said_once_and_not_measured_again_and_again(tiny, monkey
     err = capfd.readouterr().err
     assert len(calls) == 1, err
     assert err.count("the CPUs are shared") == 1 and "-t 1 would fit" in err, err
-    assert "stayed erratic; used for this run, not cached" in err
+    assert "used for this run, not cached" in err
     doctor = run("doctor")
     assert "other processes keep" in doctor.output and "the CPUs are shared" in doctor.output
 

@@ -35,16 +35,17 @@ def engine():
         yield e
 
 
-def target_only_gaps(engine, prompt_tokens, tokens):
-    """The top-1/top-2 logit gap of target-only decoding at each generated position (the first
-    from the prompt's batch, the rest from one-token steps)."""
+def target_only_gaps(engine, prompt_tokens, tokens, picker=None):
+    """The top-1/top-2 gap of target-only decoding at each generated position (the first from the prompt's batch,
+    the rest from one-token steps): of the logits, or with a coupled `picker` of its scores, in logits."""
     ctx = engine.target_ctx
     ctx.clear()
-    gaps = [top2_gap(ctx.decode(prompt_tokens, logits="last")[0])]
-    for t in tokens[:-1]:
-        gaps.append(top2_gap(ctx.decode([t])[0]))
+    rows = [ctx.decode(prompt_tokens, logits="last")[0].copy()]
+    rows += [ctx.decode([t])[0].copy() for t in tokens[:-1]]
     ctx.clear()
-    return gaps
+    if picker is None:
+        return [top2_gap(row) for row in rows]
+    return [picker.gap(row, len(prompt_tokens) + i) for i, row in enumerate(rows)]
 
 
 def test_exact_batches_measured_on_this_cpu(engine):
@@ -102,20 +103,34 @@ def test_sampled_run_reproduces_with_seed(engine):
 
 
 def test_seeded_sampling_is_the_targets_own_text_in_every_mode(engine):
-    """The coupled rule (the default with a seed): 128 tokens at --temp 0.7, auto/draft/lookup
-    each write the text target-only decoding writes with that seed."""
+    """The coupled rule (the default with a seed): 128 tokens at --temp 0.7, auto/draft/lookup each write the text
+    target-only decoding writes with that seed, up to where greedy identity bends too (docs/guarantees.md): a round
+    verified in one batch (past exact_kv, or a long copy that one batch verifies cheaper) keeps batched KV rows, so
+    a later row may differ, and only where target-only's own coupled scores are within the margin."""
+    from ggufspec.llama.backend import machine
+    from ggufspec.sampling import Picker, PositionNoise, SamplingParams
+
     prompts = [(1, engine.tokenize_prompt(messages=[{"role": "user", "content": PROMPTS[0]}])),
                (2, engine.tokenize_prompt("def quicksort(a):"))]
-    drafted = 0
+    drafted, bent = 0, []
     for seed, tokens in prompts:
         reference = engine.generate(prompt_tokens=tokens, max_tokens=128, temperature=0.7, seed=seed, mode="target",
-                                    ignore_eos=True)
+                                    ignore_eos=True).tokens
         for mode in ("auto", "draft", "lookup"):
             out = engine.generate(prompt_tokens=tokens, max_tokens=128, temperature=0.7, seed=seed, mode=mode,
                                   ignore_eos=True)
-            assert out.tokens == reference.tokens, (mode, seed)
             drafted += out.stats.n_drafted
+            if out.tokens != reference:
+                i = next(i for i, (a, b) in enumerate(zip(out.tokens, reference)) if a != b)
+                picker = Picker(SamplingParams(temperature=0.7), PositionNoise(seed, engine.target_ctx.n_vocab))
+                gap = target_only_gaps(engine, tokens, reference, picker)[i]
+                bent.append((mode, seed, i, round(gap, 3)))
+                assert gap < margin_for(engine.costs), (
+                    f"{mode}, seed {seed}: left target-only's text at token {i}, where its coupled scores' top-2 gap "
+                    f"is {gap:.3f} (margin {margin_for(engine.costs):.2f}; {engine.verification()}); "
+                    f"{machine()['summary']}")
     assert drafted > 0
+    print("seeded texts bent at near-ties (mode, seed, token, target-only gap):", bent)
 
 
 def test_offload_plan_from_the_real_pairs_metadata():

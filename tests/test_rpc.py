@@ -274,7 +274,7 @@ def test_a_server_killed_in_the_middle_of_a_generation(tiny, form):
         run.kill()
         stop(proc)
     # the load's cost measurement may warn first on a busy machine ("the measured decode times do not add up ...:
-    # measuring again"); what the killed server leaves is one line and no traceback
+    # used for this run, not cached"); what the killed server leaves is one line and no traceback
     lines = [line for line in err.decode().splitlines() if line.strip() and "measur" not in line]
     assert run.returncode == 1 and len(lines) == 1, err.decode()
     assert "an RPC server stopped answering in the middle of the run" in lines[0] and endpoint in lines[0]

@@ -174,6 +174,7 @@ def mode_for_spec_type(value: str) -> str:
 
 def split_options(options: dict, **load_extra):
     """(LoadOptions, the generation settings given, --draft-max as typed) from click's options."""
+    from ..generation import resolve_settings
     from ..models.resolve import LoadOptions
 
     load = LoadOptions(**{k: options[k] for k in LOAD_KEYS if k in options}, **load_extra)
@@ -183,6 +184,7 @@ def split_options(options: dict, **load_extra):
         if given.get("mode", mode) != mode:
             raise GGUFSpecError(f"--spec-type {options['spec_type']} means --mode {mode}, but --mode {given['mode']} was given")
         given["mode"] = mode
+    resolve_settings(None, given)  # a bad value is one line now, before any model loads or is measured
     return load, given, options.get("draft_max")
 
 

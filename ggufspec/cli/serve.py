@@ -63,7 +63,7 @@ def serve_command(host, port, n_seq, kv_unified, alias, max_queue, api_key, grac
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
     if load.n_ctx < 8 * n_seq:
         raise GGUFSpecError(f"-c {load.n_ctx} leaves each of the -np {n_seq} sequences under 8 tokens; raise -c")
-    engine, pair_defaults = open_engine(load, modes=(settings.get("mode", ""),))
+    engine, pair_defaults = open_engine(load, modes=(settings.get("mode", ""),), measure=True)  # a request may speculate
     with engine:
         settings, _ = merge_pair_settings(pair_defaults.get("settings", {}), settings)
         defaults = resolve_settings(GenerationSettings(), settings)

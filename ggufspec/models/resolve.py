@@ -113,9 +113,10 @@ def pair_defaults(spec: PairSpec) -> dict:
     return out
 
 
-def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
+def open_engine(o: LoadOptions, modes: tuple[str, ...] = (), measure: bool | None = None):
     """Resolve names, plan offload, load the models: (Engine, the pair's defaults). modes: those the run will
-    use, checked against the files before anything loads (mtp: the target's MTP layers)."""
+    use, checked against the files before anything loads (mtp: the target's MTP layers). measure: whether the
+    costs are measured (None: unless every mode is "target", which verifies nothing)."""
     from ..core import HEAD_MODES, HIDDEN_DRAFT_MODES, MTP_MODES
     from ..engine import Engine
     from ..llama.gguf_info import read_info
@@ -152,7 +153,8 @@ def open_engine(o: LoadOptions, modes: tuple[str, ...] = ()):
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
                     draft_devices=draft_devices, cpu_moe=cpu_moe, type_k=o.type_k, type_v=o.type_v, n_seq=o.n_seq,
-                    kv_unified=o.kv_unified)
+                    kv_unified=o.kv_unified, 
+                    measure=measure if measure is not None else not modes or any(m != "target" for m in modes))
     return engine, defaults
 
 

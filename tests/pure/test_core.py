@@ -307,3 +307,34 @@ def test_the_tie_margin_is_raised_by_a_larger_measured_drift():
     assert margin_for(Costs(table, 1, drift=0.314)) == pytest.approx(0.628)  # CPU Q4_K_M's repacked GEMM
     assert Verification.of(Costs(table, 1, drift=0.4)).tie_margin == pytest.approx(0.8)
     assert Verification.of(Costs(table, 1, drift=0.4), tie_margin=0.1).tie_margin == 0.1  # asked for: kept
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=3), dict(top_p=0.6), dict(min_p=0.3)])
+def test_a_filters_edge_in_a_drifting_batch_is_a_near_tie_too(filters):
+    """Coupled sampling with top-k, top-p or min-p: a drifted batched row can keep a token that one-token decoding
+    drops (or drop the pick), and such a token's noise can outscore the pick by far more than the margin. A row
+    whose filter edge is within the drift is re-decoded like a near-tie, so the seeded text stays the target's.
+    Negative control: the scores' top-2 gap alone (the filters' edges unchecked) lets the drift show."""
+    from ggufspec import sampling
+
+    params = SamplingParams(temperature=1.0, **filters)
+    texts, tied = {}, 0
+    for seed in range(3, 9):
+        target = FakeTarget(seed=seed, scale=0.6, batch_drift=0.1, exact_batch=1)
+        plain, _ = generate(target, params=params, noise=PositionNoise(seed, target.n_vocab), n=120)
+        out, stats = generate(target, ModelDrafter(target.like(7, 0.0)), draft_max=6, params=params,
+                              noise=PositionNoise(seed, target.n_vocab), n=120, verification=Verification(tie_margin=0.6))
+        assert out == plain, seed
+        tied += stats.ties_settled
+        texts[seed] = plain
+    assert tied > 0
+    real_edges = sampling.Picker._edge_tie
+    try:
+        sampling.Picker._edge_tie = lambda *a: False
+        bent = [generate(t := FakeTarget(seed=s, scale=0.6, batch_drift=0.1, exact_batch=1),
+                         ModelDrafter(t.like(7, 0.0)), draft_max=6, params=params, n=120,
+                         noise=PositionNoise(s, t.n_vocab), verification=Verification(tie_margin=0.6))[0] != texts[s]
+                for s in texts]
+    finally:
+        sampling.Picker._edge_tie = real_edges
+    assert any(bent), "no filter edge moved a pick: the test has no power"
