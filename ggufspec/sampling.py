@@ -301,46 +301,47 @@ class Picker:
         """Whether a filter's edge (top-k, top-p, min-p) decides this coupled pick within `margin` logits of drift:
         the pick is a token the filters might drop, or a token they dropped but might keep scores within the
         margin of the pick (its noise can outscore the pick by far more than the row's top-2 gap says)."""
-        x = np.asarray(row)
-        order, fewest, most = filter_edges(x, self.params, margin)
-        if x[pick] < x[order[fewest - 1]]:
-            return True
-        band = order[:most]
-        band = band[np.isneginf(s[band])]  # dropped here, kept under some drift
-        if len(band) == 0:
-            return False
-        best = np.max(x[band] * self._unit + self.noise.at(t)[band] * self._noise_scale)
-        return bool(best >= s[pick] - margin * self._unit)
+        x, p = np.asarray(row), self.params
+        dropped = np.isneginf(s)
+        raw = x * self._unit + self.noise.at(t)[: len(x)] * self._noise_scale  # every token's score, were it kept
+        reach = s[pick] - margin * self._unit
+        if np.max(raw, where=dropped, initial=-np.inf) < reach and p.top_p >= 1.0 and \
+                x[pick] >= np.max(x, where=dropped, initial=-np.inf) + 2 * margin and \
+                (p.min_p <= 0.0 or x[pick] >= x.max() + math.log(p.min_p) + margin):
+            return False  # the common row, in a few passes: no dropped token could win, the pick stays kept
+        surely, maybe = filter_edges(x, p, margin)
+        return bool(x[pick] < surely or np.any(dropped & (raw >= reach) & (x >= maybe)))
 
 
-def filter_edges(row: np.ndarray, params: SamplingParams, drift: float) -> tuple[np.ndarray, int, int]:
-    """The filters keep a prefix of the tokens ranked by logit. With each logit off by up to `drift` against the
-    top one's (a batched row's; two tokens' logits then move up to twice that against each other): (the ranking of
-    the tokens within NEGLIGIBLE of the top, whose noise alone can never lift the others; the fewest and the most
-    of them the filters could keep)."""
+def filter_edges(row: np.ndarray, params: SamplingParams, drift: float) -> tuple[float, float]:
+    """The filters keep the tokens whose logit is at least some edge. With each logit off by up to `drift` against
+    the top one's (a batched row's; two tokens' logits then move up to twice that against each other): (the logit
+    from which a token is kept under any such drift, the logit from which it may be kept under some). O(vocabulary)
+    but for top-p, which sorts the tokens top-k leaves it, as apply_top_p does."""
     x = np.asarray(row, dtype=np.float64)
-    top = x.max()
-    near = np.flatnonzero(x >= top - NEGLIGIBLE)
-    order = near[np.argsort(-x[near], kind="stable")]
-    xs = x[order]
-    fewest = most = len(xs)
+    top = float(x.max())
+    surely, maybe = -np.inf, -np.inf
     k = params.top_k
-    if 0 < k < len(xs):
-        fewest = int(np.count_nonzero(xs > xs[k] + 2 * drift))  # those ahead of the first dropped by more than a move
-        most = int(np.count_nonzero(xs >= xs[k - 1] - 2 * drift))
+    if 0 < k < len(x):
+        kth, after = np.partition(x, [len(x) - k - 1, len(x) - k])[[len(x) - k, len(x) - k - 1]]
+        surely, maybe = after + 2 * drift + 1e-9, kth - 2 * drift  # ahead of the first dropped by more than a move
     if params.top_p < 1.0:  # the mass of a prefix against the rest moves by up to e^(2 drift) either way
         w, p = math.exp(2 * drift), params.top_p
+        xs = -np.sort(-x[x >= maybe]) if np.isfinite(maybe) else -np.sort(-x)
         weights = np.exp(xs - top)
 
-        def kept(m: int, mass: float) -> int:  # apply_top_p's count over the first m
-            return m if mass >= 1.0 else min(m, int(np.searchsorted(np.cumsum(weights[:m]) / weights[:m].sum(),
-                                                                      mass, side="left")) + 1)
-        fewest, most = kept(fewest, p / w / (1 - p + p / w)), kept(most, p * w / (1 - p + p * w))
+        def edge(below: float, mass: float) -> float:  # apply_top_p's last kept logit among those >= below
+            m = int(np.count_nonzero(xs >= below))
+            if mass >= 1.0:
+                return xs[m - 1]
+            cum = np.cumsum(weights[:m]) / weights[:m].sum()
+            return xs[min(m, int(np.searchsorted(cum, mass, side="left")) + 1) - 1]
+        surely = max(surely, edge(surely, p / w / (1 - p + p / w)))
+        maybe = max(maybe, edge(maybe, p * w / (1 - p + p * w)))
     if params.min_p > 0.0:  # a threshold on the logit against the top's
         cut = top + math.log(params.min_p)
-        fewest = min(fewest, int(np.count_nonzero(xs >= cut + drift)))
-        most = min(most, int(np.count_nonzero(xs >= cut - drift)))
-    return order, max(fewest, 1), most
+        surely, maybe = max(surely, cut + drift), max(maybe, cut - drift)
+    return min(surely, top), maybe
 
 
 def _shaped(row: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -183,3 +183,19 @@ def test_a_row_that_is_not_finite_is_one_error_naming_whose_it_is(bad):
         with pytest.raises(GGUFSpecError, match="logits are not finite"):
             probs_from_logits(row, params)
     assert Picker(SamplingParams()).pick(np.array([0.0, -np.inf, 3.0]), 0) == 2  # -inf (a filtered token) is fine
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0, top_k=7), SamplingParams(1.0, top_p=0.8),
+                                    SamplingParams(1.0, min_p=0.1), SamplingParams(1.0, top_k=30, top_p=0.9, min_p=0.02)])
+def test_filter_edges_bracket_what_the_filters_keep(params):
+    """With no drift both edges keep what the filters keep; with drift they widen around it."""
+    from ggufspec.sampling import _shaped, filter_edges
+
+    row = np.random.default_rng(1).normal(size=500) * 3
+    kept = np.isfinite(_shaped(row, params))
+    surely, maybe = filter_edges(row, params, 0.0)
+    assert np.array_equal(row >= surely, kept) and np.array_equal(row >= maybe, kept)
+    for drift, wider in ((0.3, lambda a, b: a <= b), (1.5, lambda a, b: a < b)):
+        surely, maybe = filter_edges(row, params, drift)
+        assert wider(np.count_nonzero(row >= surely), kept.sum()) and wider(kept.sum(), np.count_nonzero(row >= maybe))
+        assert np.all(kept[row >= surely])  # a token kept under any drift is kept now
