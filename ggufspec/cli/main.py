@@ -165,7 +165,7 @@ def bench(modes, suites, prompts_file, repeats, warmup, natural_stop, by_suite, 
     """
     from ..bench import benchmark as B
     from ..bench.prompts import load_prompts
-    load, given, draft_max = split_options(options)
+    load, given, draft_max = split_options(options, check=False)
     given = {k: v for k, v in given.items() if k not in ("mode", "ignore_eos")}
     settings = B.BenchSettings(tuple(m.strip() for m in modes.split(",") if m.strip()),  # -n 0 is a value, refused
                                int_list(draft_max, "--draft-max"), given.pop("max_tokens", 64),

@@ -172,8 +172,9 @@ def mode_for_spec_type(value: str) -> str:
     raise GGUFSpecError(f"--spec-type {value}: 'none' cannot be combined with other types")
 
 
-def split_options(options: dict, **load_extra):
-    """(LoadOptions, the generation settings given, --draft-max as typed) from click's options."""
+def split_options(options: dict, *, check: bool = True, **load_extra):
+    """(LoadOptions, the generation settings given, --draft-max as typed) from click's options; check: the settings
+    checked now, before any model loads (bench checks its own: BenchSettings.validate)."""
     from ..generation import resolve_settings
     from ..models.resolve import LoadOptions
 
@@ -184,7 +185,8 @@ def split_options(options: dict, **load_extra):
         if given.get("mode", mode) != mode:
             raise GGUFSpecError(f"--spec-type {options['spec_type']} means --mode {mode}, but --mode {given['mode']} was given")
         given["mode"] = mode
-    resolve_settings(None, given)  # a bad value is one line now, before any model loads or is measured
+    if check:
+        resolve_settings(None, given)  # a bad value is one line now, before any model loads or is measured
     return load, given, options.get("draft_max")
 
 
