@@ -82,3 +82,11 @@ def real_model(filename: str) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The machine, last: what a CI log shows of a run is its end, and a failure's figures depend on the CPU."""
+    from ggufspec.llama.system import cpu_flags, cpu_model
+
+    wide = sorted(f for f in cpu_flags() if f in ("avx", "avx2", "avx512f", "avx512_vnni", "avx512_vbmi", "amx_tile"))
+    terminalreporter.write_line(f"machine: {cpu_model()} ({', '.join(wide)}), {os.cpu_count()} CPUs")
