@@ -16,8 +16,6 @@ import threading
 from dataclasses import replace
 from typing import Iterator
 
-import numpy as np
-
 from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
 from .llama.gguf_info import read_info
@@ -34,8 +32,8 @@ from .core import DRAFT_ALONE_MODES, DRAFTING_MODES, HEAD_MODES, MODEL_MODES, MO
 from .drafters import HeadDrafter, LookupDrafter, ModelDrafter
 from .textdraft import TextDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
-from .generation import (Chunk, Generation, GenerationSettings, Result, check_messages, check_text, keeps_its_error,
-                         resolve_settings)
+from .generation import (Chunk, Generation, GenerationSettings, Result, check_messages, check_prompt_tokens, check_text,
+                         keeps_its_error, resolve_settings)
 from .serving import Batch
 from .llama.gguf_info import check_kv_cache_types, kv_cache_type
 from .llama.measure import costs_for
@@ -63,13 +61,18 @@ class Engine(Closing):
     n_seq: sequences each context holds (llama.cpp's -np): `generation(prompt_tokens, settings, slot)` builds a
     generation on sequence `slot`, which `serving.Batch` steps beside the others in one target batch; n_ctx is
     shared by them all; kv_unified: one KV cache for them (llama.cpp's -kvu; llama.sequences says what it costs).
+    prompt_chunk: prompts are decoded in chunks of this many tokens at multiples of it (default n_batch), and a
+    later prompt that begins the same keeps the whole chunks it shares (reuse_prompt), bit-identically.
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
                  remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0,
-                 type_k: str = "f16", type_v: str = "f16", mtp: bool = True, n_seq: int = 1, kv_unified: bool = False):
+                 type_k: str = "f16", type_v: str = "f16", mtp: bool = True, n_seq: int = 1, kv_unified: bool = False,
+                 prompt_chunk: int | None = None):
         check_count(n_ctx, "-c/--ctx-size", 8)
+        if prompt_chunk is not None:
+            check_count(prompt_chunk, "--prompt-chunk", 1)
         check_count(n_seq, "-np/--parallel", 1)
         check_count(n_batch, "-b/--batch-size", 1)
         check_layers(n_gpu_layers, "-ngl/--n-gpu-layers")  # -1: every layer
@@ -91,12 +94,10 @@ class Engine(Closing):
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
                                       cpu_moe=cpu_moe, mtp=bool(mtp) and n_seq == 1)
             check_kv_cache_types(self.target_model.info, *cache_types)
-            self.target_ctx = Context(self.target_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                      rollback=ROLLBACK_ROWS, cache_types=cache_types, n_seq=n_seq,
-                                      kv_unified=kv_unified)
-            self._load_draft(draft, n_gpu_layers=draft_n_gpu_layers, devices=draft_devices, n_ctx=n_ctx,
-                             n_batch=n_batch, n_threads=n_threads, cache_types=cache_types, n_seq=n_seq,
-                             kv_unified=kv_unified)
+            shape = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, cache_types=cache_types, n_seq=n_seq,
+                         kv_unified=kv_unified, prompt_chunk=prompt_chunk)  # both contexts'
+            self.target_ctx = Context(self.target_model, rollback=ROLLBACK_ROWS, **shape)
+            self._load_draft(draft, n_gpu_layers=draft_n_gpu_layers, devices=draft_devices, shape=shape)
         except BaseException:
             self.close()
             raise
@@ -118,13 +119,12 @@ class Engine(Closing):
         self._holder: int | None = None  # the thread whose generation runs
         self._generation = 0  # the running generation's number
 
-    def _load_draft(self, draft, *, n_gpu_layers, devices, n_ctx, n_batch, n_threads, cache_types, n_seq,
-                    kv_unified) -> None:
+    def _load_draft(self, draft, *, n_gpu_layers, devices, shape: dict) -> None:
         """The -md file, as what it is: the target's MTP layers (a sibling mtp-*.gguf), an EAGLE-3 or DFlash draft
         (a head following the target's context), or a draft model on a context of its own; and the target's own
         MTP head, where it has MTP layers."""
         info = read_info(draft) if draft is not None else None
-        if n_seq > 1 and info is not None and (is_mtp_file(info) or info.architecture in HIDDEN_HEADS):
+        if shape["n_seq"] > 1 and info is not None and (is_mtp_file(info) or info.architecture in HIDDEN_HEADS):
             kind = "MTP layers" if is_mtp_file(info) else f"{info.architecture} draft"
             raise GGUFSpecError(f"{draft}: a head reading the target's hidden states ({kind}) drafts for one sequence "
                                 "at a time here; serve it with -np 1, or give a draft model")
@@ -141,16 +141,15 @@ class Engine(Closing):
             self.head_model = Model(draft, n_gpu_layers=n_gpu_layers, role=f"{info.architecture} draft",
                                     devices=devices)
             self.heads[info.architecture] = HIDDEN_HEADS[info.architecture](self.target_ctx, self.head_model,
-                                                                            n_threads=n_threads)
+                                                                            n_threads=shape["n_threads"])
             self.file_head, draft = info.architecture, None
         if draft is not None:
             self.draft_model = Model(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices)
             self.vocab_difference = text_pairing(self.target_model, self.draft_model)
             if self.vocab_difference:  # another vocabulary: the draft drafts through text (textdraft)
                 self.bridge = TextBridge(self.target_model, self.draft_model)
-            check_kv_cache_types(self.draft_model.info, *cache_types)
-            self.draft_ctx = Context(self.draft_model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                     cache_types=cache_types, n_seq=n_seq, kv_unified=kv_unified)
+            check_kv_cache_types(self.draft_model.info, *shape["cache_types"])
+            self.draft_ctx = Context(self.draft_model, **shape)
 
     @property
     def mtp_head(self):
@@ -205,25 +204,8 @@ class Engine(Closing):
         return self._check_prompt(tokens, fit)
 
     def _check_prompt(self, tokens, fit: bool = True) -> list[int]:
-        """Token ids as a list (from a list, tuple, range or numpy array of ints), checked (fit: and against n_ctx)."""
-        if isinstance(tokens, np.ndarray) and tokens.ndim == 1:
-            tokens = tokens.tolist()
-        elif isinstance(tokens, (list, tuple, range)):
-            tokens = list(tokens)
-        else:
-            shape = f"an array of shape {tokens.shape}" if isinstance(tokens, np.ndarray) else type(tokens).__name__
-            raise GGUFSpecError(f"prompt_tokens must be a flat list or array of token ids (got {shape})")
-        if not tokens:
-            raise GGUFSpecError("the prompt is empty; give some text")
-        n_vocab = self.target_model.n_vocab
-        bad = next((t for t in tokens if not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise GGUFSpecError(f"prompt_tokens holds {bad!r}, not a token id of this model (0 to {n_vocab - 1})")
-        if fit and len(tokens) >= self.n_ctx:
-            raise GGUFSpecError(
-                f"the prompt is {len(tokens)} tokens, longer than the context (n_ctx={self.n_ctx}); raise -c or shorten the prompt"
-            )
-        return tokens
+        """Token ids as a list, checked (fit: and against n_ctx): generation.check_prompt_tokens."""
+        return check_prompt_tokens(tokens, self.target_model.n_vocab, self.n_ctx if fit else None)
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -258,10 +240,18 @@ class Engine(Closing):
                            None if one else slot)
 
     def release(self, slot: int) -> None:
-        """Empty sequence `slot`'s caches (its generation ended), so the others' batches do not attend past it."""
+        """Sequence `slot`'s generation ended: its caches keep their canonical prompt chunks, for a later prompt that
+        begins the same (`reusable`); with one KV cache for all (kv_unified), nothing, so that the others' batches
+        do not attend past it."""
         for ctx in (self.target_ctx, self.draft_ctx):
             if ctx is not None and ctx.sequences:
-                ctx.sequences[slot].truncate(0)
+                seq = ctx.sequences[slot]
+                seq.truncate(0 if ctx.kv_unified else seq.canonical)
+
+    def reusable(self, slot: int, prompt_tokens: list[int]) -> int:
+        """How many of these prompt tokens sequence `slot`'s target cache would keep (the scheduler's choice)."""
+        ctx = self.target_ctx
+        return (ctx.sequences[slot] if ctx.sequences else ctx).reusable(prompt_tokens)
 
     def decode_together(self, parts: list) -> list:
         """[(sequence, tokens, logits)] of the target's sequences decoded in one batch (llama.sequences)."""
@@ -286,6 +276,9 @@ class Engine(Closing):
         """One generation's parts, built here once and handed down: the context it decodes on (slot: that
         sequence of several), a fresh drafter (its own ModelDrafter copy, so --draft-p-min is its own), the
         verification policy."""
+        shared = slot is not None  # stepped beside other sequences (serving.Batch)
+        if slot is None and self.target_ctx.sequences:  # generate() on an Engine of several: sequence 0, as a
+            slot = 0  # request there (one record of what its cache holds, for both to reuse)
         target_ctx = self.target_ctx if slot is None else self.target_ctx.sequences[slot]
         draft_ctx = self.draft_ctx if slot is None or self.draft_ctx is None else self.draft_ctx.sequences[slot]
         if s.mode in DRAFT_ALONE_MODES:  # the draft generating by itself: plain decoding on its context
@@ -312,7 +305,7 @@ class Engine(Closing):
         lookup = LookupDrafter(ends=getattr(self.target_model, "control_mask", None))
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
                                           lookup=lookup, lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
-        if slot is not None and drafter is not None:
+        if shared and drafter is not None:
             drafter.lazy_model = True  # one of several sequences: the draft catches up when a batch lets it draft
         used = {HEAD_MODES.get(s.mode)} | set(drafter.heads if drafter is not None else ())
         for name, head in sorted(self.heads.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay

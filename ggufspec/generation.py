@@ -195,6 +195,26 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
+def check_prompt_tokens(tokens, n_vocab: int, n_ctx: int | None = None) -> list[int]:
+    """Token ids as a list (from a list, tuple, range or numpy array of ints), each below n_vocab, fewer than n_ctx."""
+    if isinstance(tokens, np.ndarray) and tokens.ndim == 1:
+        tokens = tokens.tolist()
+    elif isinstance(tokens, (list, tuple, range)):
+        tokens = list(tokens)
+    else:
+        shape = f"an array of shape {tokens.shape}" if isinstance(tokens, np.ndarray) else type(tokens).__name__
+        raise GGUFSpecError(f"prompt_tokens must be a flat list or array of token ids (got {shape})")
+    if not tokens:
+        raise GGUFSpecError("the prompt is empty; give some text")
+    bad = next((t for t in tokens if not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise GGUFSpecError(f"prompt_tokens holds {bad!r}, not a token id of this model (0 to {n_vocab - 1})")
+    if n_ctx is not None and len(tokens) >= n_ctx:
+        raise GGUFSpecError(f"the prompt is {len(tokens)} tokens, longer than the context (n_ctx={n_ctx}); raise -c or "
+                            "shorten the prompt")
+    return tokens
+
+
 def check_messages(messages, where: str = "messages") -> list[dict]:
     """Chat messages as a template needs them: a non-empty list of {"role": str, "content": str} (extra keys
     allowed), a content of OpenAI's text parts ([{"type": "text", "text": ...}]) flattened into one string, one

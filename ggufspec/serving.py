@@ -227,6 +227,7 @@ class Totals:
     errors: int = 0
     cancelled: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of which kept from a sequence's cache, not evaluated again
     completion_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -237,10 +238,12 @@ class Totals:
 class Scheduler:
     """A thread that runs a Batch over n_slots sequences: requests wait in a queue (at most max_queue), join
     free sequences between steps and leave when done or cancelled. build(prompt_tokens, settings, slot) ->
-    Generation; release(slot): empty that sequence's caches."""
+    Generation; release(slot): that sequence's generation ended; reusable(slot, prompt_tokens): how many of them
+    its cache still holds (a request goes to the free sequence that holds most, as llama-server picks a slot)."""
 
-    def __init__(self, build: Callable, release: Callable, batch: Batch, n_slots: int, max_queue: int = 64):
-        self.build, self.release, self.batch = build, release, batch
+    def __init__(self, build: Callable, release: Callable, batch: Batch, n_slots: int, max_queue: int = 64,
+                 reusable: Callable | None = None):
+        self.build, self.release, self.batch, self.reusable = build, release, batch, reusable
         self.n_slots, self.max_queue = n_slots, max_queue
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.active: dict[int, tuple[Ticket, Generation]] = {}
@@ -309,7 +312,7 @@ class Scheduler:
             if ticket.cancelled.is_set():
                 self.totals.cancelled += 1
                 continue
-            slot = min(set(range(self.n_slots)) - set(self.active))
+            slot = self._free_slot(ticket.prompt_tokens)
             try:
                 g = self.build(ticket.prompt_tokens, ticket.settings, slot)
                 self.active[slot] = (ticket, g)
@@ -320,6 +323,14 @@ class Scheduler:
                 else:
                     self.totals.errors += 1
                     ticket.deliver(e)
+
+    def _free_slot(self, prompt_tokens: list[int]) -> int:
+        """The free sequence whose cache holds most of this prompt (the lowest where none holds any)."""
+        free = sorted(set(range(self.n_slots)) - set(self.active))
+        if self.reusable is None or len(free) == 1:
+            return free[0]
+        held = {slot: self.reusable(slot, prompt_tokens) for slot in free}
+        return max(free, key=lambda slot: (held[slot], -slot))
 
     def _drop_cancelled(self) -> None:
         for slot, (ticket, _) in list(self.active.items()):
@@ -354,6 +365,7 @@ class Scheduler:
         self.totals.requests += 1
         self.totals.errors += error is not None
         self.totals.prompt_tokens += s.n_prompt
+        self.totals.cached_tokens += s.n_reused
         self.totals.completion_tokens += s.n_generated
         self.totals.drafted += s.n_drafted
         self.totals.accepted += s.n_accepted

@@ -146,7 +146,8 @@ def test_every_request_writes_its_own_text_in_a_shared_batch(tiny, references, k
                 assert last.stats.n_drafted > 0 and last.stats.n_accepted > 0, mode
         assert totals.requests == 6 and totals.errors == 0
         assert totals.steps < sum(last.stats.rounds for _, last in results) - 6
-        assert all(not s.tokens for s in e.target_ctx.sequences)  # every sequence freed at the end
+        # a finished request leaves its whole prompt chunks for the next one (one KV cache for all: nothing)
+        assert all(len(s.tokens) == (0 if kv_unified else s.canonical) for s in e.target_ctx.sequences)
 
 
 def test_an_engine_of_one_sequence_serves_its_requests_in_turn(tiny, references):
@@ -214,7 +215,7 @@ def test_what_serve_cannot_do_is_one_line_before_it_listens(tiny, tmp_path):
 @pytest.fixture(scope="module")
 def server(tiny):
     proc, port = start_server("-m", tiny["target"], "-md", tiny["close"], "-np", "3", "-c", "6144", "-ngl", "0",
-                              "-ngld", "0")
+                              "-ngld", "0", "--prompt-chunk", "32")  # PROMPTS fit in one chunk: as `references` have them
     yield proc, port
     stop(proc)
 
@@ -242,6 +243,25 @@ def test_clients_at_once_each_get_generates_text(server, references):
         assert body["choices"][0]["text"] == want.text, mode
     metrics = get(port, "/metrics")
     assert "ggufspec_requests_processing 0" in metrics and "ggufspec_draft_tokens_accepted_total 0" not in metrics
+
+
+def test_a_chats_next_turn_keeps_its_cached_prompt(server, tiny):
+    """A chat's second turn keeps whole chunks of the first from a sequence's cache: usage's
+    prompt_tokens_details.cached_tokens and /metrics count them, and the text is what a cold start writes."""
+    _, port = server
+    turn1 = [{"role": "user", "content": "hello there, how are the caches today?"}]
+    body = {"max_tokens": 12, "ignore_eos": True, "mode": "target", "temperature": 0}
+    status, first, _ = post(port, "/v1/chat/completions", {"messages": turn1, **body})
+    assert status == 200, first
+    turn2 = turn1 + [first["choices"][0]["message"], {"role": "user", "content": "and tomorrow?"}]
+    before = metric(port, "prompt_tokens_cached_total")
+    status, second, _ = post(port, "/v1/chat/completions", {"messages": turn2, **body})
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 32 and cached % 32 == 0
+    assert metric(port, "prompt_tokens_cached_total") == before + cached
+    with Engine(tiny["target"], n_ctx=512, prompt_chunk=32, measure=False) as e:
+        want = e.generate(messages=turn2, max_tokens=12, ignore_eos=True, mode="target")
+    assert second["choices"][0]["message"]["content"] == want.text
 
 
 def test_chat_streams_and_whole_answers_agree(server):

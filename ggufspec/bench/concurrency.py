@@ -229,9 +229,11 @@ def fitted_engine(load, prompts: list, modes: tuple[str, ...], levels: tuple[int
     starts (the server refuses a request that does not fit): slot_ctx tokens each (-c: one line where a prompt does
     not fit), or None: sized from the prompts, and sized again from their tokens where the estimate was short."""
     from ..models.resolve import open_engine
+    from ..core import PROMPT_CHUNK
 
     def opened(slot: int):
-        return open_engine(replace(load, n_seq=max(levels), n_ctx=max(levels) * slot, use_default=True), modes=modes)[0]
+        return open_engine(replace(load, n_seq=max(levels), n_ctx=max(levels) * slot, use_default=True,
+                                   prompt_chunk=load.prompt_chunk or PROMPT_CHUNK), modes=modes)[0]  # as serve's
 
     engine = opened(slot_ctx or slot_tokens(prompts, max_tokens))
     try:

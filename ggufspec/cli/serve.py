@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import GGUFSpecError, check_count
+from ..core import PROMPT_CHUNK
 from .options import model_options, sampling_options, split_options, user_errors, whole_number
 
 
@@ -19,6 +20,10 @@ from .options import model_options, sampling_options, split_options, user_errors
 @click.option("-kvu", "--kv-unified", "kv_unified", is_flag=True,
               help="One KV cache for every sequence (llama.cpp's -kvu): a batch of several sequences is always one "
                    "ubatch, but a request's text may differ from `generate`'s at near-ties.")
+@click.option("--prompt-chunk", type=int, default=PROMPT_CHUNK, show_default=True, metavar="N",
+              help="Prompts are evaluated in chunks of N tokens at multiples of N (at most -b): a request whose prompt "
+                   "begins like an earlier one's (a chat's next turn, a fixed system prompt) keeps the whole chunks "
+                   "they share from the KV cache, and its text stays what a cold start writes.")
 @click.option("--alias", default=None, help="The model's name in /v1/models and in answers (default: the target's).")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests that may wait for a sequence; beyond that a request gets a 503.")
@@ -28,7 +33,7 @@ from .options import model_options, sampling_options, split_options, user_errors
               help="After Ctrl-C or SIGTERM, how long requests in flight may go on; then each is answered that the "
                    "server stopped.")
 @user_errors
-def serve_command(host, port, n_seq, kv_unified, alias, max_queue, api_key, grace, **options):
+def serve_command(host, port, n_seq, kv_unified, prompt_chunk, alias, max_queue, api_key, grace, **options):
     """Serve the target over an OpenAI-compatible HTTP API, several requests at once in one batched verify.
 
     -c is shared by the -np sequences (as in llama-server); --mode and the sampling flags are the defaults a
@@ -58,7 +63,8 @@ def serve_command(host, port, n_seq, kv_unified, alias, max_queue, api_key, grac
     if not is_loopback(host):
         click.echo(f"ggufspec serve: listening on {host}, not this machine alone: anyone who can reach port {port} "
                    + ("and has the API key can use it" if api_key else "can use it (no --api-key given)"), err=True)
-    load, settings, draft_max = split_options(options, n_seq=n_seq, kv_unified=kv_unified)
+    check_count(prompt_chunk, "--prompt-chunk", 1)
+    load, settings, draft_max = split_options(options, n_seq=n_seq, kv_unified=kv_unified, prompt_chunk=prompt_chunk)
     if draft_max is not None:
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
     if load.n_ctx < 8 * n_seq:

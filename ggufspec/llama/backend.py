@@ -26,7 +26,7 @@ from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut, fitted_rollback
 from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
-from .sequences import sequences_of, set_sequence
+from .sequences import aligned_pieces, reusable_prefix, sequences_of, set_sequence
 from .vocab import LlamaModel, VocabFacts
 
 _NOTHING_SAVED = contextlib.nullcontext()
@@ -171,15 +171,16 @@ class Context(Closing):
     """A llama.cpp context on one model, one sequence, with a reusable batch.
 
     `tokens` are what the KV cache holds, position by position (`n_past` of them); `decode` appends,
-    `truncate` rewinds. `canonical`: how many leading positions were computed in whole batches of
-    n_batch tokens aligned at multiples of n_batch, each decoded after canonical ones, i.e. exactly
-    as one decode of the same tokens from position 0 computes them (llama.cpp splits a prompt into
-    such batches itself); `reusable` keeps only those, so a reused prompt is bit-identical to a cold one.
+    `truncate` rewinds. A prompt (tokens decoded without a row each) goes in chunks of `chunk` tokens
+    (n_batch unless asked) cut at multiples of `chunk`, as llama.cpp cuts a prompt into batches from
+    position 0. `canonical`: how many leading positions were computed in such whole chunks, each decoded
+    after canonical ones, i.e. exactly as a cold start computes them; `reusable` keeps only those, so a
+    reused prompt is bit-identical to a cold one.
     """
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  rollback: int = 0, cache_types: tuple[str, str] = ("f16", "f16"), n_seq: int = 1,
-                 kv_unified: bool = False):
+                 kv_unified: bool = False, prompt_chunk: int | None = None):
         """n_seq: sequences the context holds (llama.cpp's n_seq_max; `sequences` are their Targets, each with
         n_ctx // n_seq tokens; the Context's own decode and truncate act on sequence 0, so use one or the other);
         kv_unified: one KV cache for them all (llama.cpp's -kvu: a batch of several is one ubatch, but a
@@ -187,7 +188,8 @@ class Context(Closing):
         a KV stream per sequence, laid out as a context of its own lays it out;
         rollback: where the memory cannot be cut, ask llama.cpp to keep the recurrent states of this many
         last positions (its `n_rs_seq`; some architectures only: `Checkpoints.rewind`), as many as the batch allows;
-        cache_types: the KV cache's K and V types (llama.cpp's -ctk, -ctv)."""
+        cache_types: the KV cache's K and V types (llama.cpp's -ctk, -ctv); prompt_chunk: the chunk prompts are
+        decoded in, and reused by (at most n_batch; default n_batch)."""
         misuse = alone_misuse(model.info)  # llama.cpp segfaults creating such a context, or decodes garbage
         if misuse:
             raise GGUFSpecError(f"{model.path}: {misuse}")
@@ -221,7 +223,7 @@ class Context(Closing):
             raise GGUFSpecError(
                 f"{model.path}: llama.cpp could not create a context of {n_ctx} tokens (out of memory? try a smaller -c)"
             )
-        self._setup(min(int(n_ctx), C.llama_n_ctx(self._ctx)), n_threads)  # llama.cpp pads n_ctx up; the user's size is the limit
+        self._setup(min(int(n_ctx), C.llama_n_ctx(self._ctx)), n_threads, prompt_chunk)  # llama.cpp pads n_ctx up; the user's size is the limit
         if n_seq > 1:  # the context's own decodes are sequence 0's, within its share
             self.sequences = sequences_of(self, n_seq)
             self.n_ctx = self.sequences[0].n_ctx
@@ -242,9 +244,10 @@ class Context(Closing):
         self._setup(llama.n_ctx(), int(llama.context_params.n_threads))
         return self
 
-    def _setup(self, n_ctx: int, n_threads: int) -> None:
+    def _setup(self, n_ctx: int, n_threads: int, prompt_chunk: int | None = None) -> None:
         self.n_ctx = self.n_ctx_total = n_ctx  # of several sequences: n_ctx becomes sequence 0's share
         self.n_batch = C.llama_n_batch(self._ctx)
+        self.chunk = min(int(prompt_chunk or self.n_batch), self.n_batch)
         self.n_threads = n_threads
         self._mem = C.llama_get_memory(self._ctx)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
@@ -278,14 +281,9 @@ class Context(Closing):
 
     def reusable(self, prompt_tokens: list[int]) -> int:
         """How many leading tokens of `prompt_tokens` a new generation may keep from the KV cache and
-        still compute the rest exactly as a cold start would: the common prefix, within `canonical`,
-        rounded down to a whole batch; the prompt's last token is always evaluated again (its logits
-        are needed)."""
-        limit = min(self.canonical, len(prompt_tokens) - 1)
-        common = 0
-        while common < limit and self.tokens[common] == prompt_tokens[common]:
-            common += 1
-        return common - common % self.n_batch
+        still compute the rest exactly as a cold start would (`sequences.reusable_prefix`: the common
+        prefix within `canonical`, rounded down to a whole chunk; the last token is evaluated again)."""
+        return reusable_prefix(self.tokens, self.canonical, prompt_tokens, self.chunk)
 
     def start(self, prompt_tokens: list[int], *, reuse: bool = False) -> int:
         """Rewind for a new prompt: keep its `reusable` part (reuse) or nothing; return how many tokens were kept."""
@@ -314,9 +312,7 @@ class Context(Closing):
             raise GGUFSpecError(f"cannot return logits for {n} tokens in one batch of at most {self.n_batch}")
         if not self.cuttable:
             self.checkpoints.save(self._ctx, self.n_past)
-        start = 0
-        while start < n:
-            end = min(n, start + self.n_batch)
+        for start, end in [(0, n)] if logits == "all" else aligned_pieces(self.n_past, n, self.chunk):
             m = end - start
             self._token_buf[:m] = tokens[start:end]
             self._pos_buf[:m] = self._positions[self.n_past:self.n_past + m]
@@ -333,10 +329,9 @@ class Context(Closing):
             decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.n_ctx)
             for follower in self.followers:
                 follower.process(self.n_past, self._token_buf[:m])
-            if self.canonical == self.n_past and m == self.n_batch and self.n_past % self.n_batch == 0:
+            if self.canonical == self.n_past and m == self.chunk and self.n_past % self.chunk == 0:
                 self.canonical += m
             self.tokens.extend(tokens[start:end].tolist())
-            start = end
         if logits == "none":
             return None
         return self.logits(n if logits == "all" else 1)

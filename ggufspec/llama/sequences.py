@@ -28,6 +28,29 @@ def set_sequence(batch, n_rows: int, seq_id: int) -> None:
         batch.seq_id[i][0] = seq_id
 
 
+def reusable_prefix(held: list[int], canonical: int, prompt_tokens: list[int], chunk: int) -> int:
+    """How many leading tokens of `prompt_tokens` a new generation may keep of a cache that holds `held`, of which
+    the first `canonical` were computed in whole aligned chunks: their common prefix within `canonical`, rounded
+    down to a whole chunk, so the rest is computed as a cold start computes it; the prompt's last token is always
+    evaluated again (its logits are needed)."""
+    limit = min(canonical, len(prompt_tokens) - 1)
+    common = 0
+    while common < limit and held[common] == prompt_tokens[common]:
+        common += 1
+    return common - common % chunk
+
+
+def aligned_pieces(n_past: int, n: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) of n tokens decoded after n_past, cut where a position is a multiple of `chunk` (the pieces a
+    prompt is evaluated in, so a later prompt that begins the same keeps whole chunks)."""
+    out, start = [], 0
+    while start < n:
+        end = min(n, start + chunk - (n_past + start) % chunk)
+        out.append((start, end))
+        start = end
+    return out
+
+
 def sequences_of(ctx, n_seq: int) -> list["Sequence"]:
     """The context's sequences 0..n_seq - 1, each with an even share of its cache."""
     share = ctx.n_ctx_total // n_seq
@@ -41,8 +64,9 @@ class Sequence:
 
     def __init__(self, ctx, seq_id: int, n_ctx: int):
         self.ctx, self.seq_id, self.n_ctx = ctx, seq_id, n_ctx
-        self.model, self.n_batch, self.n_vocab = ctx.model, ctx.n_batch, ctx.n_vocab
+        self.model, self.n_batch, self.n_vocab, self.chunk = ctx.model, ctx.n_batch, ctx.n_vocab, ctx.chunk
         self.tokens: list[int] = []
+        self.canonical = 0  # leading positions decoded alone in whole aligned chunks (Context.canonical)
         self.checkpoints = None if ctx.cuttable else Checkpoints(seq_id=seq_id)
 
     @property
@@ -57,15 +81,26 @@ class Sequence:
         """A `with` block whose decodes will not be rewound into: a recurrent state saves nothing for them."""
         return contextlib.nullcontext() if self.checkpoints is None else self.checkpoints.paused()
 
+    def reusable(self, prompt_tokens: list[int]) -> int:
+        """What of `prompt_tokens` a new generation may keep of this sequence's cache (`reusable_prefix`); nothing
+        where a recurrent state holds it (it cannot be cut back within a prompt)."""
+        if self.checkpoints is not None:
+            return 0
+        return reusable_prefix(self.tokens, self.canonical, prompt_tokens, self.chunk)
+
     def start(self, prompt_tokens: list[int], reuse: bool = False) -> int:
-        """A new prompt: this sequence's cache emptied, whatever decoded into it (sequence 0 is also the context's
-        own); nothing is reused."""
-        self.clear()
-        return 0
+        """Rewind for a new prompt: keep its `reusable` part (reuse) or nothing; return how many tokens were kept."""
+        keep = self.reusable(prompt_tokens) if reuse else 0
+        if keep:
+            self.truncate(keep)
+        else:
+            self.clear()
+        return keep
 
     def clear(self) -> None:
         C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, 0, -1)
         self.tokens.clear()
+        self.canonical = 0
         if self.checkpoints is not None:
             self.checkpoints.clear()
 
@@ -74,14 +109,25 @@ class Sequence:
         if not C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, n_keep, -1):
             return False
         del self.tokens[n_keep:]
+        self.canonical = min(self.canonical, n_keep)
         return True
 
     def decode(self, tokens: Tokens[int], logits: str = "last") -> np.ndarray | None:
-        """Decode after this sequence's cache; inside `together`, with the other plans' decodes of this context."""
+        """Decode after this sequence's cache; inside `together`, with the other plans' decodes of this context.
+        Alone, tokens without a row each ("last", "none": a prompt) go in aligned chunks (`aligned_pieces`), and
+        each whole one decoded after canonical positions becomes canonical too."""
         current = greenlet.getcurrent()
         if isinstance(current, _Planning):
             return current.ask((self, tokens, logits))
-        return decode_together(self.ctx, [(self, tokens, logits)])[0]
+        if logits == "all" or len(tokens) == 1:
+            return decode_together(self.ctx, [(self, tokens, logits)])[0]
+        out = None
+        for start, end in aligned_pieces(self.n_past, len(tokens), self.chunk):
+            at = self.n_past
+            out = decode_together(self.ctx, [(self, tokens[start:end], logits if end == len(tokens) else "none")])[0]
+            if end - start == self.chunk and self.canonical == at:
+                self.canonical += self.chunk
+        return out
 
     def truncate(self, n_keep: int) -> None:
         if n_keep >= self.n_past:

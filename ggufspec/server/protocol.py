@@ -49,7 +49,8 @@ class Server:
         self.engine, self.name, self.defaults = engine, name, defaults
         self.slot_ctx = engine.n_ctx  # what one request may use: the context's share of each sequence
         self.total_ctx = engine.target_ctx.n_ctx_total
-        self.scheduler = Scheduler(engine.generation, engine.release, engine.batch(), engine.n_seq, max_queue)
+        self.scheduler = Scheduler(engine.generation, engine.release, engine.batch(), engine.n_seq, max_queue,
+                                   reusable=engine.reusable)
         self.created = int(time.time())
         self.modes = engine.modes
         # Files of the server's disk, as a client may see them named: the target by the server's name for it.
@@ -137,6 +138,7 @@ class Server:
         """A request's `usage`, from its last chunk's running totals."""
         s = chunk.stats
         return {"prompt_tokens": n_prompt, "completion_tokens": s.n_generated, "total_tokens": n_prompt + s.n_generated,
+                "prompt_tokens_details": {"cached_tokens": s.n_reused},
                 "drafted_tokens": s.n_drafted, "accepted_tokens": s.n_accepted,
                 "tokens_per_second": round(s.tokens_per_second, 3), "prompt_seconds": round(s.prompt_seconds, 4),
                 "mode": s.mode}
@@ -170,7 +172,9 @@ class Server:
         rows = [("requests_total", "counter", "Requests finished (done, failed or cancelled).", t.requests),
                 ("requests_failed_total", "counter", "Requests that ended in an error.", t.errors),
                 ("requests_cancelled_total", "counter", "Requests whose client went away.", t.cancelled),
-                ("prompt_tokens_total", "counter", "Prompt tokens evaluated.", t.prompt_tokens),
+                ("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", t.prompt_tokens),
+                ("prompt_tokens_cached_total", "counter", "Of which kept from the KV cache, not evaluated again.",
+                 t.cached_tokens),
                 ("tokens_predicted_total", "counter", "Tokens generated.", t.completion_tokens),
                 ("draft_tokens_total", "counter", "Tokens drafted and verified.", t.drafted),
                 ("draft_tokens_accepted_total", "counter", "Drafted tokens accepted.", t.accepted),

@@ -108,3 +108,14 @@ def test_a_full_queue_says_so_and_a_cancelled_request_never_runs():
     scheduler.start()
     scheduler.stop()
     assert built == [] and scheduler.totals.cancelled == 1
+
+
+def test_a_request_goes_to_the_free_sequence_that_holds_most_of_its_prompt():
+    held = {0: 0, 1: 16, 2: 8, 3: 16}
+    scheduler = Scheduler(None, None, None, 4, reusable=lambda slot, tokens: held[slot])
+    assert scheduler._free_slot([1, 2, 3]) == 1  # of two that hold as much, the lower
+    scheduler.active = {1: None}
+    assert scheduler._free_slot([1, 2, 3]) == 3
+    scheduler.active = {1: None, 3: None}
+    assert scheduler._free_slot([1, 2, 3]) == 2
+    assert Scheduler(None, None, None, 4)._free_slot([1, 2, 3]) == 0  # nothing known: the lowest
