@@ -21,7 +21,7 @@ from .costs import MAX_BATCH
 from .drafters import Drafter
 from .errors import GGUFSpecError
 from .sampling import SAMPLING_RULES, PositionNoise, SamplingParams
-from .speculative import Steps, prefill
+from .speculative import Steps, prefill_piece
 from .text import TextAssembler
 from .verification import Verification
 
@@ -301,18 +301,38 @@ class Generation:
         ahead = getattr(model, "cpu_waits", False)  # a target on a GPU: noise is made while it decodes
         self.noise = PositionNoise(seed, ctx.n_vocab, ahead=ahead) if not s.greedy and s.rule == "coupled" else None
         self.stats = Stats(mode=s.mode, n_prompt=len(prompt_tokens))
+        self.steps: Steps | None = None  # once the prompt is in (`prefill`)
+        self._reused: int | None = None  # prompt tokens kept from the cache, once the prompt is started
         self.text = TextAssembler(model.token_to_piece, model.eog_mask, stop=s.stop, max_tokens=s.max_tokens,
                                   ignore_eos=s.ignore_eos)
 
     def begin(self) -> Chunk:
         """Prefill, reset the drafter, and the first round's chunk (the token of the prompt's last row); later
         rounds are `steps.plan` and `steps.finish`, each turned into a chunk by `take`."""
+        chunk = None
+        while chunk is None:
+            chunk = self.prefill()
+        return chunk
+
+    @property
+    def begun(self) -> bool:
+        """Whether the prompt is in and rounds may be stepped."""
+        return self.steps is not None
+
+    def prefill(self, chunk: int | None = None) -> Chunk | None:
+        """Evaluate the prompt (chunk: only its next piece, up to where an aligned chunk of that many tokens ends, so
+        a server's running requests go on between pieces); once its last token is in, reset the drafter and return
+        the first round's chunk, else None."""
         s = self.settings
         start = time.perf_counter()
-        logits, self.stats.n_reused = prefill(self.ctx, self.prompt_tokens, reuse=s.reuse_prompt)
-        if self.drafter is not None:
+        if self._reused is None:
+            self._reused = self.stats.n_reused = self.ctx.start(self.prompt_tokens, reuse=s.reuse_prompt)
+        logits = prefill_piece(self.ctx, self.prompt_tokens, chunk)
+        if logits is not None and self.drafter is not None:
             self.drafter.reset(self.prompt_tokens, reuse=s.reuse_prompt)
-        self.stats.prompt_seconds = time.perf_counter() - start
+        self.stats.prompt_seconds += time.perf_counter() - start
+        if logits is None:
+            return None
         self.steps = Steps(self.ctx, self.drafter, self.prompt_tokens, logits, s, self.rng, max_tokens=s.max_tokens,
                            draft_max=self.draft_max, draft_min=s.draft_min, verification=self.verification,
                            noise=self.noise)

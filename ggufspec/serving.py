@@ -314,15 +314,10 @@ class Scheduler:
                 continue
             slot = self._free_slot(ticket.prompt_tokens)
             try:
-                g = self.build(ticket.prompt_tokens, ticket.settings, slot)
-                self.active[slot] = (ticket, g)
-                self._deliver(slot, g.begin())
+                self.active[slot] = (ticket, self.build(ticket.prompt_tokens, ticket.settings, slot))
             except Exception as e:  # noqa: BLE001
-                if slot in self.active:
-                    self._end(slot, error=e)
-                else:
-                    self.totals.errors += 1
-                    ticket.deliver(e)
+                self.totals.errors += 1
+                ticket.deliver(e)
 
     def _free_slot(self, prompt_tokens: list[int]) -> int:
         """The free sequence whose cache holds most of this prompt (the lowest where none holds any)."""
@@ -339,11 +334,31 @@ class Scheduler:
                 self._end(slot)
 
     def _step(self) -> None:
+        """Each joining request's prompt: all of it where no other request is generating, else its next chunk (so
+        those go on between its chunks; each is decoded alone, as a cold start decodes it); then one round of every
+        request whose prompt is in."""
         start = time.perf_counter()
-        slots = sorted(self.active)
+        slots = [s for s in sorted(self.active) if self.active[s][1].begun]
+        for slot in sorted(self.active):
+            if not self.active[slot][1].begun:
+                self._prefill(slot, whole=not slots)
+        if slots:
+            self._round(slots)
+        self.totals.busy_seconds += time.perf_counter() - start
+
+    def _prefill(self, slot: int, whole: bool) -> None:
+        g = self.active[slot][1]
+        try:
+            chunk = g.prefill(None if whole else getattr(g.ctx, "chunk", g.ctx.n_batch))
+        except Exception as e:  # noqa: BLE001
+            self._end(slot, error=e)
+            return
+        if chunk is not None:
+            self._deliver(slot, chunk)
+
+    def _round(self, slots: list[int]) -> None:
         results = self.batch.step([self.active[s][1] for s in slots])
         self.totals.steps += 1
-        self.totals.busy_seconds += time.perf_counter() - start
         by_generation = {id(g): r for g, r in results}
         for slot in slots:
             result = by_generation[id(self.active[slot][1])]
@@ -355,7 +370,7 @@ class Scheduler:
     def _deliver(self, slot: int, chunk: Chunk) -> None:
         ticket, g = self.active[slot]
         ticket.deliver(chunk)
-        if chunk.finish_reason is not None or g.steps.done:
+        if chunk.finish_reason is not None or g.steps.done:  # after its first chunk, steps exist
             self._end(slot)
 
     def _end(self, slot: int, error: BaseException | None = None) -> None:

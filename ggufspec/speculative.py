@@ -155,15 +155,26 @@ def _one_hot(tokens: list[int], n_vocab: int) -> np.ndarray:
 def prefill(target: Target, prompt_tokens: list[int], reuse: bool = False) -> tuple[np.ndarray, int]:
     """Evaluate the prompt in one batch, its last token included, as llama.cpp's own programs and
     `Llama` do (the numerics of a batch differ slightly from one-token steps, and at a near-tie so
-    would the text). Returns the last position's logits, from which the first token is drawn, and
+    would the text; a prompt longer than the target's prompt chunk goes in aligned chunks, as llama.cpp
+    cuts it into batches). Returns the last position's logits, from which the first token is drawn, and
     how many prompt tokens were reused from the KV cache.
 
     reuse: keep what the cache already holds of this prompt, as far as it was computed exactly as a
-    cold start computes it (`Context.reusable`: whole aligned batches), so the result is bit-identical.
+    cold start computes it (`Context.reusable`: whole aligned chunks), so the result is bit-identical.
     """
     keep = target.start(prompt_tokens, reuse=reuse)
+    return prefill_piece(target, prompt_tokens), keep
+
+
+def prefill_piece(target: Target, prompt_tokens: list[int], chunk: int | None = None) -> np.ndarray | None:
+    """Decode the prompt after what the target holds of it (after `start`): all that is left, or (chunk) only up to
+    where the next aligned chunk of that many tokens ends, the piece a cold start decodes there. The last
+    position's logits once the prompt is in, else None."""
+    at, n = target.n_past, len(prompt_tokens)
+    end = n if chunk is None else min(n, at + chunk - at % chunk)
     with target.no_rewind():  # rounds never rewind into the prompt
-        return target.decode(prompt_tokens[keep:], logits="last")[0].copy(), keep
+        out = target.decode(prompt_tokens[at:end], logits="last" if end == n else "none")
+    return out[0].copy() if end == n else None
 
 
 def first_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, t: int = 0,

@@ -293,7 +293,7 @@ def test_the_default_bench_table_fits_120_columns(tiny):
     narrow = CliRunner().invoke(cli, args)
     assert narrow.exit_code == 0, narrow.output
     assert max(len(line) for line in narrow.stdout.splitlines() if "|" not in line and "ceiling" not in line
-               and "target step" not in line) <= 120
+               and "target step" not in line) <= 120, narrow.stdout
     assert "draft-alone" in narrow.stdout and "draft (draft-max 4)" in narrow.stdout
     wide = CliRunner().invoke(cli, args + ["--wide"])
     assert "draft/verify/other" in wide.stdout and "draft/verify/other" not in narrow.stdout

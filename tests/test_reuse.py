@@ -185,3 +185,37 @@ def test_a_chats_next_turn_on_a_server_keeps_its_chunks_and_its_text(served, mod
     assert last.stats.n_reused >= CHUNK and last.stats.n_reused % CHUNK == 0
     assert scheduler.totals.cached_tokens == sum(x.stats.n_reused for x in (last0, last1, last))
     assert tokens2 == cold.tokens
+
+
+def test_a_joining_prompt_goes_in_chunks_between_the_running_requests_rounds(tiny):
+    """A request that joins while another generates has its prompt decoded a chunk a step, each chunk alone (as a
+    cold start decodes it), and the running request's rounds go on between them; both write their own text."""
+    with Engine(tiny["target"], tiny["close"], n_ctx=2 * 256, n_batch=32, prompt_chunk=CHUNK, n_seq=2) as e:
+        running = (e.tokenize_prompt("hi"), GenerationSettings(max_tokens=100, ignore_eos=True, mode="target"))
+        joining = (e.tokenize_prompt("a prompt long enough for several chunks of eight tokens"),
+                   GenerationSettings(max_tokens=16, ignore_eos=True, mode="draft", temperature=0.9, seed=5))
+        alone = [e.generate(prompt_tokens=t, settings=s, reuse_prompt=False).tokens for t, s in (running, joining)]
+        events, queues = [], [queue.SimpleQueue(), queue.SimpleQueue()]
+
+        def deliver(i):
+            return lambda item: (events.append((i, item)), queues[i].put(item))
+
+        scheduler = Scheduler(e.generation, e.release, e.batch(), 2, reusable=e.reusable).start()
+        try:
+            scheduler.submit(Ticket(*running, deliver(0)))
+            texts = [list(queues[0].get(timeout=60).tokens), []]  # it is generating
+            events.append(("joins", None))
+            scheduler.submit(Ticket(*joining, deliver(1)))
+            for i in (0, 1):
+                while (item := queues[i].get(timeout=120)) is not None:
+                    assert not isinstance(item, BaseException), item
+                    texts[i] += item.tokens
+                    last = item
+        finally:
+            scheduler.stop()
+    assert texts == alone
+    joined = events.index(("joins", None))
+    first = next(k for k, (i, item) in enumerate(events) if i == 1)
+    pieces = -(-(len(joining[0]) - last.stats.n_reused) // CHUNK)
+    assert pieces >= 3
+    assert sum(i == 0 for i, _ in events[joined:first]) >= pieces - 1  # a round of the other between its chunks

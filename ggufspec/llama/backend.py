@@ -26,7 +26,7 @@ from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut, fitted_rollback
 from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
-from .sequences import aligned_pieces, reusable_prefix, sequences_of, set_sequence
+from .sequences import Reusing, aligned_pieces, reusable_prefix, sequences_of, set_sequence
 from .vocab import LlamaModel, VocabFacts
 
 _NOTHING_SAVED = contextlib.nullcontext()
@@ -167,7 +167,7 @@ class Model(VocabFacts, Closing):
             self._model = None
 
 
-class Context(Closing):
+class Context(Closing, Reusing):
     """A llama.cpp context on one model, one sequence, with a reusable batch.
 
     `tokens` are what the KV cache holds, position by position (`n_past` of them); `decode` appends,
@@ -284,15 +284,6 @@ class Context(Closing):
         still compute the rest exactly as a cold start would (`sequences.reusable_prefix`: the common
         prefix within `canonical`, rounded down to a whole chunk; the last token is evaluated again)."""
         return reusable_prefix(self.tokens, self.canonical, prompt_tokens, self.chunk)
-
-    def start(self, prompt_tokens: list[int], *, reuse: bool = False) -> int:
-        """Rewind for a new prompt: keep its `reusable` part (reuse) or nothing; return how many tokens were kept."""
-        keep = self.reusable(prompt_tokens) if reuse else 0
-        if keep:
-            self.truncate(keep)
-        else:
-            self.clear()
-        return keep
 
     def decode(self, tokens, *, logits: str = "last") -> np.ndarray | None:
         """Append `tokens` at positions n_past.. and run the model.

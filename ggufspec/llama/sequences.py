@@ -51,13 +51,26 @@ def aligned_pieces(n_past: int, n: int, chunk: int) -> list[tuple[int, int]]:
     return out
 
 
+class Reusing:
+    """A cache a new prompt may keep part of (Context, Sequence): `reusable(prompt_tokens)`, `truncate`, `clear`."""
+
+    def start(self, prompt_tokens: list[int], *, reuse: bool = False) -> int:
+        """Rewind for a new prompt: keep its `reusable` part (reuse) or nothing; return how many tokens were kept."""
+        keep = self.reusable(prompt_tokens) if reuse else 0
+        if keep:
+            self.truncate(keep)
+        else:
+            self.clear()
+        return keep
+
+
 def sequences_of(ctx, n_seq: int) -> list["Sequence"]:
     """The context's sequences 0..n_seq - 1, each with an even share of its cache."""
     share = ctx.n_ctx_total // n_seq
     return [Sequence(ctx, i, share) for i in range(n_seq)]
 
 
-class Sequence:
+class Sequence(Reusing):
     """One sequence of a Context of several: the `Target` protocol, decoding alone or in `decode_together`. Where
     the memory cannot be cut (a recurrent state), it saves its own state before each decode it may rewind into and
     rewinds from those (`recurrent.Checkpoints`), as a context of one sequence does."""
@@ -87,15 +100,6 @@ class Sequence:
         if self.checkpoints is not None:
             return 0
         return reusable_prefix(self.tokens, self.canonical, prompt_tokens, self.chunk)
-
-    def start(self, prompt_tokens: list[int], reuse: bool = False) -> int:
-        """Rewind for a new prompt: keep its `reusable` part (reuse) or nothing; return how many tokens were kept."""
-        keep = self.reusable(prompt_tokens) if reuse else 0
-        if keep:
-            self.truncate(keep)
-        else:
-            self.clear()
-        return keep
 
     def clear(self) -> None:
         C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, 0, -1)
