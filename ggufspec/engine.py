@@ -241,12 +241,12 @@ class Engine(Closing):
 
     def release(self, slot: int) -> None:
         """Sequence `slot`'s generation ended: its caches keep their canonical prompt chunks, for a later prompt that
-        begins the same (`reusable`); with one KV cache for all (kv_unified), nothing, so that the others' batches
-        do not attend past it."""
+        begins the same (`reusable`); nothing with one KV cache for all (kv_unified: the others' batches would
+        attend past it), or where a recurrent state holds it (cut back only by decoding the prompt again)."""
         for ctx in (self.target_ctx, self.draft_ctx):
             if ctx is not None and ctx.sequences:
                 seq = ctx.sequences[slot]
-                seq.truncate(0 if ctx.kv_unified else seq.canonical)
+                seq.truncate(seq.canonical if not ctx.kv_unified and seq.checkpoints is None else 0)
 
     def reusable(self, slot: int, prompt_tokens: list[int]) -> int:
         """How many of these prompt tokens sequence `slot`'s target cache would keep (the scheduler's choice)."""

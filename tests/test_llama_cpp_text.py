@@ -1,9 +1,9 @@
 """The same greedy text as llama.cpp itself (slow tier, the real Qwen2.5-Coder pair).
 
 llama.cpp's `llama-simple` (and `Llama`, and llama.cpp's server) evaluate the whole prompt in one
-batch and take the first token from its last row; ggufspec does the same, so its greedy text,
-target-only and speculative, is llama.cpp's own, also where a near-tie would flip with another
-batch shape. `llama-simple` comes from ../shared/tools/llama-cpp-reference (the same llama.cpp
+batch and take the first token from its last row; ggufspec does the same, so its target-only greedy
+text is llama.cpp's own, also where a near-tie would flip with another batch shape, and so is its
+speculative text, but where a long copy verified in one batch bends it at a measured near-tie. `llama-simple` comes from ../shared/tools/llama-cpp-reference (the same llama.cpp
 release as the installed llama-cpp-python): set LLAMA_CPP_REFERENCE_BIN to its folder, or leave
 the build in its default cache. Without it the test is skipped, unless GGUFSPEC_REQUIRE_LLAMA_CPP=1
 (CI sets it where the tool exists).
@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import real_model
+from test_real import target_only_gaps
 from spec_order import reference_bin
 from ggufspec import Engine
+from ggufspec.verification import margin_for
 
 pytestmark = pytest.mark.slow
 
@@ -63,10 +65,21 @@ def test_greedy_text_is_llama_cpps_own(engine, prompt, chat):
     expected = simple_text(program, engine.target_model.path, text)
     tokens = engine.tokenize_prompt(text)
     modes = ("target", "draft", "auto") if chat else ("target", "lookup")
+    reference = None
     for mode in modes:
         out = engine.generate(prompt_tokens=tokens, max_tokens=N, mode=mode)
         # llama-simple stops at an end-of-generation token without printing it, as ggufspec does
-        assert pieces(engine, out.tokens) == expected, (mode, pieces(engine, out.tokens), expected)
+        if mode == "target" or pieces(engine, out.tokens) == expected:
+            assert pieces(engine, out.tokens) == expected, (mode, pieces(engine, out.tokens), expected)
+            reference = reference or out.tokens
+            continue
+        # a long copy verified in one batch keeps that batch's KV rows (the default verification, where it costs less:
+        # docs/guarantees.md), and what it plans follows the costs timed while it runs: its text may leave the
+        # target's only where target-only's own top-2 gap is within the measured margin
+        i = next((k for k, (a, b) in enumerate(zip(out.tokens, reference)) if a != b), min(len(out.tokens), len(reference)))
+        gap = target_only_gaps(engine, tokens, reference)[min(i, len(reference) - 1)]
+        assert gap < margin_for(engine.costs), (f"{mode} left llama.cpp's text at token {i}, where target-only's top-2 gap "
+                                                f"is {gap:.3f} (margin {margin_for(engine.costs):.2f})")
 
 
 def test_a_reused_second_turn_is_the_cold_one(engine):

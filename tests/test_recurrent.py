@@ -153,17 +153,21 @@ def _state(ctx) -> np.ndarray:
 
 @pytest.mark.parametrize("arch", SHAPES)
 def test_several_requests_at_once_each_write_their_own_text(shapes, arch):
-    """Three requests sharing the target's batches (its own draft, lookup, auto seeded): each sequence rewinds its own
-    state from its own checkpoints, and writes what `generate` writes for it alone; drafts were kept."""
+    """Three requests sharing the target's batches (its own draft, lookup, auto seeded), prompts in chunks of 4: each
+    sequence rewinds its own state from its own checkpoints, and writes what `generate` writes for it alone; drafts
+    were kept; a finished request leaves its whole prompt chunks where the memory can be cut, else nothing."""
     from test_serve import run_together
 
     requests = [(PROMPTS[0], "draft", {}), (PROMPTS[1], "lookup", {}), (PROMPTS[0] + " x", "auto", {"temperature": 0.8, "seed": 5})]
-    with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=256) as alone:
+    with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=256, prompt_chunk=4) as alone:
         want = [alone.generate(p, max_tokens=24, ignore_eos=True, mode="target", **kw).tokens for p, _, kw in requests]
-    with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=3 * 256, n_seq=3) as e:
+    with Engine(shapes[arch]["target"], shapes[arch]["close"], n_ctx=3 * 256, n_seq=3, prompt_chunk=4) as e:
         results, totals = run_together(e, 3, requests, max_tokens=24)
         assert [tokens for tokens, _ in results] == want
         assert totals.accepted > 0 and totals.errors == 0
+        kept = [len(s.tokens) for s in e.target_ctx.sequences]
+        assert kept == [s.canonical if s.checkpoints is None else 0 for s in e.target_ctx.sequences]
+        assert any(kept) == e.target_ctx.cuttable
 
 
 @pytest.mark.parametrize("arch", SHAPES)
