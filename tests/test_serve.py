@@ -200,6 +200,7 @@ def test_what_serve_cannot_do_is_one_line_before_it_listens(tiny, tmp_path):
         port = taken.getsockname()[1]
         cases = [(["serve", *target, "-np", "0"], "-np/--parallel must be at least 1"),
                  (["serve", *target, "--port", "70000"], "--port must be between 1 and 65535"),
+                 (["serve", *target, "--prompt-chunk", "0", "--port", str(free_port())], "--prompt-chunk must be at least 1"),
                  (["serve", *target, "-c", "16", "-np", "4"], "under 8 tokens"),
                  (["serve", *target, "--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
                  (["serve", "-m", trunk, "-md", eagle3, "-np", "2", "--port", str(free_port())], "-np 1"),
