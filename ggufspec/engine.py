@@ -86,13 +86,14 @@ class Engine(Closing):
         self.bridge = None  # a draft model of another vocabulary: text between the two (llama.vocab.TextBridge)
         self.vocab_difference = None  # and how the vocabularies differ, in a line
         self.heads: dict = {}  # heads following the target's hidden states, by name: mtp, eagle3, dflash
+        self.slot_heads: list[dict] = [{} for _ in range(n_seq)]  # each sequence's (heads: sequence 0's)
         self.file_head: str | None = None  # the head the -md file is (an mtp-*.gguf, an eagle3 or dflash draft)
         # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
         # spreads over them and the draft stays on this machine.
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
         try:
             self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
-                                      cpu_moe=cpu_moe, mtp=bool(mtp) and n_seq == 1)
+                                      cpu_moe=cpu_moe, mtp=bool(mtp))
             check_kv_cache_types(self.target_model.info, *cache_types)
             shape = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, cache_types=cache_types, n_seq=n_seq,
                          kv_unified=kv_unified, prompt_chunk=prompt_chunk)  # both contexts'
@@ -124,10 +125,6 @@ class Engine(Closing):
         (a head following the target's context), or a draft model on a context of its own; and the target's own
         MTP head, where it has MTP layers."""
         info = read_info(draft) if draft is not None else None
-        if shape["n_seq"] > 1 and info is not None and (is_mtp_file(info) or info.architecture in HIDDEN_HEADS):
-            kind = "MTP layers" if is_mtp_file(info) else f"{info.architecture} draft"
-            raise GGUFSpecError(f"{draft}: a head reading the target's hidden states ({kind}) drafts for one sequence "
-                                "at a time here; serve it with -np 1, or give a draft model")
         if info is not None and is_mtp_file(info):  # a sibling mtp-*.gguf: the target's MTP layers
             misfit = mtp_file_misfit(self.target_model.info, info)
             if misfit:  # llama.cpp would load them and assert (or read past its rows) at the first draft
@@ -136,12 +133,13 @@ class Engine(Closing):
             check_compatible(self.target_model, self.mtp_model)
             self.file_head, draft = "mtp", None
         if self.target_model.mtp_loaded or self.mtp_model is not None:
-            self.heads["mtp"] = MtpHead(self.target_ctx, model=self.mtp_model)
+            self._add_heads("mtp", lambda target, share: MtpHead(target, model=self.mtp_model, share=share))
         if info is not None and info.architecture in HIDDEN_HEADS:  # an EAGLE-3 or DFlash draft: a head, not a model
             self.head_model = Model(draft, n_gpu_layers=n_gpu_layers, role=f"{info.architecture} draft",
                                     devices=devices)
-            self.heads[info.architecture] = HIDDEN_HEADS[info.architecture](self.target_ctx, self.head_model,
-                                                                            n_threads=shape["n_threads"])
+            kind = HIDDEN_HEADS[info.architecture]
+            self._add_heads(info.architecture, lambda target, share: kind(target, self.head_model, share=share,
+                                                                         n_threads=shape["n_threads"]))
             self.file_head, draft = info.architecture, None
         if draft is not None:
             self.draft_model = Model(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices)
@@ -150,6 +148,12 @@ class Engine(Closing):
                 self.bridge = TextBridge(self.target_model, self.draft_model)
             check_kv_cache_types(self.draft_model.info, *shape["cache_types"])
             self.draft_ctx = Context(self.draft_model, **shape)
+
+    def _add_heads(self, name: str, make) -> None:
+        """A head of this kind per sequence (`slot_heads`; `heads`: sequence 0's), on one context (heads.Follower)."""
+        for slot, target in enumerate(self.target_ctx.sequences or [self.target_ctx]):
+            self.slot_heads[slot][name] = make(target, self.slot_heads[0].get(name))
+        self.heads[name] = self.slot_heads[0][name]
 
     @property
     def mtp_head(self):
@@ -301,16 +305,17 @@ class Engine(Closing):
         if s.mode in MODEL_MODES and self.draft_model is None and self.file_head is not None:
             s = replace(s, mode=self.file_head)  # -md named a head (mtp-*.gguf, an eagle3 or dflash draft): draft with it
         self._check_head(s.mode)
-        heads = {name: HeadDrafter(head, p_min=s.draft_p_min or 0.0) for name, head in self.heads.items()}
+        own = self.slot_heads[slot or 0]
+        heads = {name: HeadDrafter(head, p_min=s.draft_p_min or 0.0) for name, head in own.items()}
         lookup = LookupDrafter(ends=getattr(self.target_model, "control_mask", None))
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
                                           lookup=lookup, lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
         if shared and drafter is not None:
             drafter.lazy_model = True  # one of several sequences: the draft catches up when a batch lets it draft
         used = {HEAD_MODES.get(s.mode)} | set(drafter.heads if drafter is not None else ())
-        for name, head in sorted(self.heads.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay
+        for name, head in sorted(own.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay
             head.activate(name in used)  # a head follows the target only for generations that draft with it
-        if any(not self.heads[name].synced for name in used if name in self.heads):
+        if any(not own[name].synced for name in used if name in own):
             s = replace(s, reuse_prompt=False)  # a head missed decodes: the prompt is evaluated anew, with it
         return Generation(s, prompt_tokens, self.target_model, target_ctx, drafter, verification, draft_max)
 
@@ -383,9 +388,10 @@ class Engine(Closing):
                 turn.release()
 
     def _free(self) -> None:
-        for head in list(getattr(self, "heads", {}).values()):
-            head.close()
-        self.heads = {}
+        for heads in getattr(self, "slot_heads", [])[::-1]:  # sequence 0's own the context the others share: last
+            for head in heads.values():
+                head.close()
+        self.heads, self.slot_heads = {}, []
         for name in ("draft_ctx", "draft_model", "mtp_model", "head_model", "target_ctx", "target_model"):
             obj = getattr(self, name, None)
             if obj is not None:

@@ -103,13 +103,17 @@ def _alpha(g: Generation) -> float:
     return min(0.99, (s.n_accepted + PRIOR_ACCEPTED) / (s.n_drafted + PRIOR_DRAFTED))
 
 
-def _draft_step(g: Generation) -> float:
+def _draft_step(g: Generation, costs: Costs) -> float:
     """Seconds per drafted token of a stream: as seen, else (nothing drafted yet) what a draft model step costs where
-    its drafter may draft with one (measured at load), else nothing (prompt lookup)."""
+    its drafter may draft with one (measured at load), else the cheapest of its heads' (measured at load: MTP,
+    EAGLE-3, DFlash), else nothing (prompt lookup)."""
     s, model = g.stats, getattr(g.drafter, "model", None)
     if s.n_drafted:
         return s.draft_seconds / s.n_drafted
-    return (g.drafter.draft_cost or 0.0) if model is not None and g.drafter.model_may_pay() else 0.0
+    if model is not None and g.drafter.model_may_pay():
+        return g.drafter.draft_cost or 0.0
+    heads = [costs.head_step(name, 4) for name in getattr(g.drafter, "heads", ())]
+    return min((h for h in heads if h is not None), default=0.0)
 
 
 def _exactly(exact: bool, tie_margin: float) -> Verification:
@@ -153,7 +157,7 @@ class Batch:
         auto = [g for g in generations if g.settings.mode == "auto"]
         if len(generations) < 2 or not auto or self.costs is None:
             return None
-        streams = [(_alpha(g), _draft_step(g)) for g in generations]
+        streams = [(_alpha(g), _draft_step(g, self.costs)) for g in generations]
         return batch_budget(self.costs, streams, self.longest, limit, self.unified)
 
     def step(self, generations: list[Generation]) -> list[tuple[Generation, Chunk | BaseException]]:

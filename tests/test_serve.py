@@ -203,7 +203,6 @@ def test_what_serve_cannot_do_is_one_line_before_it_listens(tiny, tmp_path):
                  (["serve", *target, "--prompt-chunk", "0", "--port", str(free_port())], "--prompt-chunk must be at least 1"),
                  (["serve", *target, "-c", "16", "-np", "4"], "under 8 tokens"),
                  (["serve", *target, "--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
-                 (["serve", "-m", trunk, "-md", eagle3, "-np", "2", "--port", str(free_port())], "-np 1"),
                  (["bench", *target, "--concurrency", "0"], "--concurrency values must be at least 1"),
                  (["bench", *target, "--concurrency", "1", "--compare-llama-cpp", tmp_path], "llama-server not found")]
         for args, needle in cases:

@@ -23,12 +23,12 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core import MODES
+from ..core import HEAD_MODES, MODES
 from ..errors import GGUFSpecError
 from .reference import _env, _program
 from .runs import BenchSettings, check_modes, prompt_tokens, tokenized_prompts
 
-SERVER_MODES = ("target", "lookup", "draft", "auto")  # modes a ggufspec server runs per request (heads: one stream)
+SERVER_MODES = ("target", "lookup", "draft", "mtp", "eagle3", "dflash", "auto")  # modes a server runs per request
 STARTUP_SECONDS = 300
 
 
@@ -273,14 +273,13 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
     engine = fitted_engine(load, prompts, modes, levels, max_tokens, slot_ctx)
     rows, reference = [], {}
     with engine:
-        # what the files have, whether or not loaded: an Engine of several sequences loads no MTP layers
-        heads = set(engine.heads) | ({"mtp"} if engine.target_model.info.n_nextn else set())
-        check_modes(settings.modes, engine.draft_model is not None, heads, engine.target_model.path.name)
+        check_modes(settings.modes, engine.draft_model is not None, set(engine.heads), engine.target_model.path.name)
         unserved = [m for m in settings.modes if m not in SERVER_MODES]
         if unserved and tuple(settings.modes) != MODES:
             raise GGUFSpecError(f"--modes {','.join(unserved)}: bench --concurrency runs the modes a server runs for "
                                 f"several clients at once, {', '.join(SERVER_MODES)}; leave it out")
-        modes = tuple(m for m in modes if m not in ("draft",) or engine.draft_model is not None)
+        modes = tuple(m for m in modes if (m != "draft" or engine.draft_model is not None)
+                      and HEAD_MODES.get(m) in (None, *engine.heads))  # a head's mode where the files have it
         with InThread(engine, "bench", GenerationSettings(), max_queue=4 * max(levels)) as server:
             for mode in modes:  # warm-up: the first request of a mode pays for what later ones find ready
                 run_clients(server.url, prompts[:1], 1, min(8, max_tokens), {"mode": mode})

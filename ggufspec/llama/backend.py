@@ -374,9 +374,10 @@ class Context(Closing, Reusing):
         self.checkpoints.clear()
 
     def close(self) -> None:
-        self.sequences, self._views = [], {}
-        for follower in list(getattr(self, "followers", ())):  # a follower's context refers to this one
+        followers = [f for seq in getattr(self, "sequences", ()) for f in seq.followers]
+        for follower in followers[::-1] + list(getattr(self, "followers", ())):  # their contexts refer to this one
             follower.close()
+        self.sequences, self._views = [], {}
         if getattr(self, "_batch_live", False):
             C.llama_batch_free(self._batch)
             self._batch_live = False

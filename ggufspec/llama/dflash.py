@@ -64,34 +64,37 @@ class DflashHead(Follower):
     name = "dflash"
     _batches = ("_inject", "_block")
 
-    def __init__(self, target, draft_model, *, n_threads: int | None = None):
+    def __init__(self, target, draft_model, *, n_threads: int | None = None, share: "DflashHead | None" = None):
         self.layer_ids, self.block_size, self.mask_id = check_dflash(target.model, draft_model)
         check_target_on_host(target.model, draft_model, "DFlash")
         self.max_draft = self.block_size - 1  # the block is [last, mask x n]
         self.target, self.draft_model, self.X = target, draft_model, ext()
         self.n_vocab = target.n_vocab
         self.n_embd_target = int(C.llama_model_n_embd(target.model._model))
-        self._ctx, self.buffers = follower_context(target, draft_model, "the DFlash draft's context",
-                                                   n_threads=n_threads)
+        self._ctx, self.buffers = (share._ctx, {}) if share else follower_context(
+            target, draft_model, "the DFlash draft's context", n_threads=n_threads)
+        self._owner = share is None
         self.n_ubatch = int(C.llama_n_ubatch(self._ctx))  # a non-causal batch past it aborts inside llama.cpp
         if self.block_size > self.n_ubatch:
-            C.llama_free(self._ctx)
+            if self._owner:
+                C.llama_free(self._ctx)
             self._ctx = None
             raise GGUFSpecError(f"{draft_model.path}: its block of {self.block_size} tokens is larger than the "
                                 f"batch (-b {self.n_ubatch}); use -b {self.block_size} or more")
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)
         C.llama_set_causal_attn(self._ctx, draft_model.meta("dflash.attention.causal") == "true")
         self._mem = C.llama_get_memory(self._ctx)
-        self._inject = RowBatch(self.n_ubatch, len(self.layer_ids) * self.n_embd_target, tokens=False)
+        seq_id = getattr(target, "seq_id", 0)
+        self._inject = RowBatch(self.n_ubatch, len(self.layer_ids) * self.n_embd_target, tokens=False, seq_id=seq_id)
         self._inject.out[:] = 0
-        self._block = RowBatch(self.block_size, 0, tokens=True)
+        self._block = RowBatch(self.block_size, 0, tokens=True, seq_id=seq_id)
         self.n_past = 0  # the target's positions injected here
         self.synced = True  # it holds exactly the target's positions (lost while inactive; back at a clear)
         self.active = False
         self._drafted = self._next = 0  # the block under way: its rows, and the next row step() returns
         self.seconds = {"inject": 0.0, "draft": 0.0}
         self.rows_fed = 0
-        target.followers.append(self)
+        self._attach(target, share)
 
     # -- following the target -------------------------------------------------------------------
 
@@ -102,13 +105,14 @@ class DflashHead(Follower):
         """Whether a draft can start at position n_past (this context holds the target's n_past positions)."""
         return self.active and self.synced and self.n_past == n_past and n_past > 0
 
-    def process(self, start: int, tokens: np.ndarray) -> None:
-        """The target decoded `tokens` at start..: inject its layers' rows at those positions."""
+    def process(self, start: int, tokens: np.ndarray, at: int = 0) -> None:
+        """The target decoded `tokens` at start.. (rows at.. of its last batch): inject its layers' rows at those
+        positions."""
         if not self.active or not self.synced or start != self.n_past:
             self.synced = False
             return
         m, w = len(tokens), self.n_embd_target
-        layers, batch = layer_rows(self, m), self._inject
+        layers, batch = layer_rows(self, m, at), self._inject
         for i in range(0, m, self.n_ubatch):
             n = min(self.n_ubatch, m - i)
             for k, rows in enumerate(layers):
@@ -124,10 +128,10 @@ class DflashHead(Follower):
     def cut(self, n_keep: int) -> None:
         """The target forgot its positions from n_keep on: so does this context."""
         if n_keep == 0:
-            C.llama_memory_clear(self._mem, True)
+            self._forget(0)
             self.n_past, self.synced = 0, True
         elif n_keep < self.n_past:
-            C.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+            self._forget(n_keep)
             self.n_past = n_keep
 
     # -- drafting ---------------------------------------------------------------------------------
@@ -162,5 +166,5 @@ class DflashHead(Follower):
     def end(self) -> None:
         """Forget the block's positions (the verify batch injects the target's own states there)."""
         if self._drafted:
-            C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+            self._forget(self.n_past)
             self._drafted = self._next = 0

@@ -61,7 +61,7 @@ class RowBatch:
     """A llama_batch of one sequence with numpy views: tokens (ours, where it pairs them with rows) and rows
     (width 0: tokens alone, llama_batch_init's own)."""
 
-    def __init__(self, n: int, width: int, *, tokens: bool):
+    def __init__(self, n: int, width: int, *, tokens: bool, seq_id: int = 0):
         self.n = n
         self.batch = C.llama_batch_init(n, width, 1)
         self.tokens = (C.llama_token * n)() if tokens and width else None
@@ -69,7 +69,7 @@ class RowBatch:
             self.batch.token = self.tokens  # llama_batch_init made room for rows only: the tokens are ours
         for i in range(n):
             self.batch.n_seq_id[i] = 1
-            self.batch.seq_id[i][0] = 0
+            self.batch.seq_id[i][0] = seq_id
         self.token = np.ctypeslib.as_array(self.batch.token, shape=(n,)) if tokens else None
         self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(n,))
         self.out = np.ctypeslib.as_array(self.batch.logits, shape=(n,))
@@ -83,16 +83,50 @@ class RowBatch:
             self.batch = None
 
 
+def all_followers(target) -> list:
+    """Every head following the llama.cpp context of `target` (a Context, or a Sequence of one): those of each of
+    its sequences too (what the context outputs is the same for all of them)."""
+    ctx = getattr(target, "ctx", target)
+    return list(ctx.followers) + [f for seq in ctx.sequences for f in seq.followers]
+
+
 class Follower(Closing):
-    """What every head shares as a follower of a target `Context` (see the module): its context's length, following
-    on and off (`_follow`: what the target must output while followed), and freeing its batches (named in
-    `_batches`) and context, the target told first."""
+    """What every head shares as a follower of a target `Context`, or of one `Sequence` of a context of several
+    (see the module): its context's length, following on and off (`_follow`: what the target must output while
+    followed), and freeing its batches (named in `_batches`) and context, the target told first.
+
+    The heads of a context of several sequences are one head per sequence, on one llama.cpp context of as many
+    sequences (llama.cpp's server drafts so): the first one's (`share` None) owns it, the others' (`share` = the
+    first) decode their own sequence id there (`seq_id`, the target sequence's) and keep their own state."""
 
     _batches: tuple[str, ...] = ()
+    seq_id = 0
+    _owner = True
 
     @property
     def n_ctx(self) -> int:
         return self.target.n_ctx
+
+    def _attach(self, target, share) -> None:
+        """Follow `target` (a Context or a Sequence) on its sequence id; `share`: the head whose context this one
+        uses (None: this one makes and owns its own)."""
+        self.target, self.seq_id = target, getattr(target, "seq_id", 0)
+        self._owner = share is None
+        target.followers.append(self)
+
+    def _forget(self, start: int) -> None:
+        """Forget this head's positions from `start` on (0: all of them) in its context."""
+        if start == 0 and self._owner and self.seq_id == 0 and not getattr(self.target, "ctx", None):
+            C.llama_memory_clear(self._mem, True)  # a context of its own
+        else:
+            C.llama_memory_seq_rm(self._mem, self.seq_id, start, -1)
+
+    def _rows_kept(self, rows: dict, top: int) -> None:
+        """Drop rows (by position) older than a window below `top`, but those ending a prompt chunk (a later
+        prompt that begins the same keeps whole chunks: the row before is the one a head resumes from)."""
+        low, chunk = top - ROW_WINDOW, self.target.chunk
+        for p in [p for p in rows if p < low and (p + 1) % chunk]:
+            del rows[p]
 
     def activate(self, on: bool) -> None:
         """Follow the target's decodes (on) or not: the target outputs what this head reads only while followed."""
@@ -110,11 +144,12 @@ class Follower(Closing):
                 batch.free()
         target = getattr(self, "target", None)
         if target is not None and self in target.followers:
-            target.followers.remove(self)
             if target._ctx and self.active:
                 self._follow(False)
+            target.followers.remove(self)
         if getattr(self, "_ctx", None):
-            C.llama_free(self._ctx)
+            if self._owner:
+                C.llama_free(self._ctx)
             self._ctx = None
 
 
@@ -125,22 +160,23 @@ class MtpHead(Follower):
     name = "mtp"
     _batches = ("_batch",)
 
-    def __init__(self, target, *, model=None, n_threads: int | None = None):
+    def __init__(self, target, *, model=None, n_threads: int | None = None, share: "MtpHead | None" = None):
         model = model or target.model
         self.n_layers = check_mtp(model)
         self.target = target
+        self.layer_ids = [int(C.llama_model_n_layer(target.model._model))]  # the target's final hidden state
         self.X = ext()
         self.n_embd = _width(model)
         if self.n_embd != _width(target.model):  # llama.cpp asserts it when drafting: said here in one line
             raise GGUFSpecError(f"{model.path}: its MTP layers read hidden states {self.n_embd} wide, the target's "
                                 f"are {_width(target.model)}: it is another model's")
         self.n_vocab = target.n_vocab
-        self._ctx, self.buffers = follower_context(target, model, "the MTP layers' context", mtp=True,
-                                                   n_threads=n_threads)
+        self._ctx, self.buffers = (share._ctx, {}) if share else follower_context(
+            target, model, "the MTP layers' context", mtp=True, n_threads=n_threads)
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)
         self.n_batch = int(C.llama_n_batch(self._ctx))
         self._mem = C.llama_get_memory(self._ctx)
-        self._batch = RowBatch(self.n_batch, self.n_embd, tokens=True)
+        self._batch = RowBatch(self.n_batch, self.n_embd, tokens=True, seq_id=getattr(target, "seq_id", 0))
         self.n_past = 0  # positions this context holds: the target's, while in step
         self.synced = True  # it holds exactly what the target holds (lost while inactive; back at a clear)
         self.active = False
@@ -150,24 +186,29 @@ class MtpHead(Follower):
         self._drafting = 0  # positions a draft under way has added
         self.seconds = {"catch_up": 0.0, "draft": 0.0}  # time in this context's decodes, by kind
         self.rows_fed = 0
-        target.followers.append(self)
+        self._attach(target, share)
 
     # -- following the target -------------------------------------------------------------------
 
     def _follow(self, on: bool) -> None:
-        self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)  # its hidden states, a row per batch token
+        """The target's hidden states, a row per batch token (left on while another head reads them)."""
+        if on or not any(f is not self and f.active and self.layer_ids[0] in f.layer_ids
+                         for f in all_followers(self.target)):
+            self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)
 
     def ready(self, n_past: int) -> bool:
         """Whether a draft can start at position n_past (this context holds the target's n_past positions)."""
         return self.active and self.synced and self.n_past == n_past and n_past > 0
 
-    def process(self, start: int, tokens: np.ndarray) -> None:
-        """The target decoded `tokens` at start..: decode them here, each with the previous position's state."""
+    def process(self, start: int, tokens: np.ndarray, at: int = 0) -> None:
+        """The target decoded `tokens` at start.. (rows at.. of its last batch): decode them here, each with the
+        previous position's state."""
         if not self.active or not self.synced or start != self.n_past:
             self.synced = False
             return
         m = len(tokens)
-        rows = np.ctypeslib.as_array(self.X.llama_get_embeddings_nextn(self.target._ctx), shape=(m, self.n_embd))
+        rows = np.ctypeslib.as_array(self.X.llama_get_embeddings_nextn(self.target._ctx),
+                                     shape=(at + m, self.n_embd))[at:]
         prev = self._row(start - 1)
         if prev is None:
             self.synced = False
@@ -183,19 +224,17 @@ class MtpHead(Follower):
         for k in range(m):
             self._rows[start + k] = rows[k].copy()
         self.n_past = start + m
-        low = self.n_past - ROW_WINDOW
-        for p in [p for p in self._rows if p < low and (p + 1) % self.n_batch]:
-            del self._rows[p]
+        self._rows_kept(self._rows, self.n_past)
 
     def cut(self, n_keep: int) -> None:
         """The target forgot its positions from n_keep on: so does this context."""
         if n_keep == 0:
-            C.llama_memory_clear(self._mem, True)
+            self._forget(0)
             self.n_past, self.synced = 0, True
             self._rows.clear()
             return
         if n_keep < self.n_past:
-            C.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+            self._forget(n_keep)
             self.n_past = n_keep
         if self._row(n_keep - 1) is None:
             self.synced = False
@@ -230,7 +269,7 @@ class MtpHead(Follower):
     def end(self) -> None:
         """Forget the drafted positions (the verify batch decodes them here again, with the target's states)."""
         if self._drafting:
-            C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+            self._forget(self.n_past)
             self._drafting = 0
 
     def _decode(self, m: int, kind: str) -> None:
@@ -240,13 +279,16 @@ class MtpHead(Follower):
         self.seconds[kind] += time.perf_counter() - start
 
 def follower_context(target, model, what: str, *, mtp: bool = False, n_threads: int | None = None):
-    """A llama.cpp context on `model` beside the target Context `target` (its n_ctx, batch, threads, flash attention;
-    `ctx_other` = the target's: a draft without token_embd or output takes the target's; no recurrent rollback):
-    (context, what llama.cpp allocated where). mtp: an MTP context of the target's own model. One line if none."""
+    """A llama.cpp context on `model` beside the target Context `target` (or the Context of the Sequence `target`:
+    its n_ctx, sequences, KV layout, batch, threads, flash attention; `ctx_other` = the target's: a draft without
+    token_embd or output takes the target's; no recurrent rollback): (context, what llama.cpp allocated where).
+    mtp: an MTP context of the target's own model. One line if none."""
+    target = getattr(target, "ctx", target)  # a Sequence's Context
     params = C.llama_context_default_params()
     params.n_ctx = int(C.llama_n_ctx(target._ctx))
     params.n_batch = params.n_ubatch = int(target.n_batch)
-    params.n_seq_max = 1
+    params.n_seq_max = max(1, len(target.sequences))
+    params.kv_unified = bool(target.kv_unified)
     params.n_threads = params.n_threads_batch = int(n_threads or target.n_threads)
     params.no_perf = True
     if mtp:

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import GGUFSpecError
 from .devices import on_software_device
 from .draft_fit import hidden_state_misfit
-from .heads import ROW_WINDOW, Follower, RowBatch, ext, follower_context
+from .heads import Follower, RowBatch, all_followers, ext, follower_context
 from .runtime import C, decode_failed
 
 EAGLE3_LAYERS = 3  # target layers an EAGLE-3 draft reads (llama.cpp refuses any other count)
@@ -139,25 +139,26 @@ def check_target_on_host(target_model, draft_model, what: str) -> None:
 
 def extract_layers(follower, on: bool) -> None:
     """Make the target output (on) or stop outputting the inputs of the layers `follower.layer_ids` (the target's
-    n_layer: its final hidden state), leaving on those another active follower reads (reading rows not extracted
-    aborts inside llama.cpp)."""
-    target, S, X = follower.target, Staging.get(), follower.X
+    n_layer: its final hidden state), leaving on those another active follower reads, on any sequence (reading
+    rows not extracted aborts inside llama.cpp)."""
+    target, X = follower.target, follower.X
     n_layer = int(C.llama_model_n_layer(target.model._model))
-    kept = set() if on else {lid for f in target.followers if f is not follower and f.active
-                             for lid in getattr(f, "layer_ids", [n_layer])}
+    kept = set() if on else {lid for f in all_followers(target) if f is not follower and f.active
+                             for lid in f.layer_ids}
     for lid in (i for i in follower.layer_ids if i not in kept):
         if lid < n_layer:
-            S.llama_set_embeddings_layer_inp(target._ctx, lid, bool(on))
+            Staging.get().llama_set_embeddings_layer_inp(target._ctx, lid, bool(on))
         else:  # the final hidden state: the target's own pre-norm rows, one per batch token
             X.llama_set_embeddings_nextn(target._ctx, bool(on), False)
 
 
-def layer_rows(follower, m: int) -> list[np.ndarray]:
-    """The target's last batch's rows (m of them) of each layer input `follower.layer_ids` reads, as views."""
+def layer_rows(follower, m: int, at: int = 0) -> list[np.ndarray]:
+    """The target's last batch's rows at..at + m (a sequence's part of a batch of several) of each layer input
+    `follower.layer_ids` reads, as views."""
     target, S, X = follower.target, Staging.get(), follower.X
     n_layer, w = int(C.llama_model_n_layer(target.model._model)), int(C.llama_model_n_embd(target.model._model))
     return [np.ctypeslib.as_array(S.llama_get_embeddings_layer_inp(target._ctx, lid) if lid < n_layer
-                                  else X.llama_get_embeddings_nextn(target._ctx), shape=(m, w))
+                                  else X.llama_get_embeddings_nextn(target._ctx), shape=(at + m, w))[at:]
             for lid in follower.layer_ids]
 
 
@@ -167,7 +168,7 @@ class Eagle3Head(Follower):
     name = "eagle3"
     _batches = ("_dec", "_enc")
 
-    def __init__(self, target, draft_model, *, n_threads: int | None = None):
+    def __init__(self, target, draft_model, *, n_threads: int | None = None, share: "Eagle3Head | None" = None):
         self.layer_ids = check_eagle3(target.model, draft_model)
         check_target_on_host(target.model, draft_model, "EAGLE-3")
         self.target, self.draft_model = target, draft_model
@@ -176,14 +177,15 @@ class Eagle3Head(Follower):
         self.n_embd_target = int(C.llama_model_n_embd(target.model._model))
         self.n_embd = int(C.llama_model_n_embd(draft_model._model))
         self.n_vocab = target.n_vocab
-        self._ctx, self.buffers = follower_context(target, draft_model, "the EAGLE-3 draft's context",
-                                                   n_threads=n_threads)
+        self._ctx, self.buffers = (share._ctx, {}) if share else follower_context(
+            target, draft_model, "the EAGLE-3 draft's context", n_threads=n_threads)
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)  # the decoder's pre-norm state of its outputs
         self.n_batch = int(C.llama_n_batch(self._ctx))
         self.n_ubatch = int(C.llama_n_ubatch(self._ctx))  # the encoder takes at most this many rows at once
         self._mem = C.llama_get_memory(self._ctx)
-        self._dec = RowBatch(self.n_batch, self.n_embd, tokens=True)
-        self._enc = RowBatch(self.n_ubatch, EAGLE3_LAYERS * self.n_embd_target, tokens=False)
+        seq_id = getattr(target, "seq_id", 0)
+        self._dec = RowBatch(self.n_batch, self.n_embd, tokens=True, seq_id=seq_id)
+        self._enc = RowBatch(self.n_ubatch, EAGLE3_LAYERS * self.n_embd_target, tokens=False, seq_id=seq_id)
         self._enc.out[:] = 1
         self.n_target = 0  # the target's positions this head has followed
         self.n_draft = 0  # the draft context's positions (pairs 0..n_draft-1)
@@ -196,7 +198,7 @@ class Eagle3Head(Follower):
         self._drafting = 0
         self.seconds = {"encode": 0.0, "catch_up": 0.0, "draft": 0.0}
         self.rows_fed = 0
-        target.followers.append(self)
+        self._attach(target, share)
 
     # -- following the target -------------------------------------------------------------------
 
@@ -208,16 +210,17 @@ class Eagle3Head(Follower):
         return (self.active and self.synced and self.n_target == n_past and n_past > 0
                 and self.pending_pos == n_past - 1)
 
-    def process(self, start: int, tokens: np.ndarray) -> None:
-        """The target decoded `tokens` at start..: encode its layers' rows, decode the pairs they complete."""
+    def process(self, start: int, tokens: np.ndarray, at: int = 0) -> None:
+        """The target decoded `tokens` at start.. (rows at.. of its last batch): encode its layers' rows, decode
+        the pairs they complete."""
         if not self.active or not self.synced or start != self.n_target:
             self.synced = False
             return
         m = len(tokens)
-        g = self._encode(m)
+        g = self._encode(m, at)
         dec, n = self._dec, 0
         if self.n_draft > start:  # positions a rewind did not reach (a draft's first pair): written again here
-            C.llama_memory_seq_rm(self._mem, 0, start, -1)
+            self._forget(start)
             self.n_draft = start
         if self.pending_pos >= 0 and self.pending_pos + 1 == start and self.pending_pos >= self.n_draft:
             dec.token[0], dec.pos[0], dec.rows[0] = tokens[0], self.pending_pos, self.pending_g  # the bridge
@@ -235,14 +238,13 @@ class Eagle3Head(Follower):
         for k in range(m):
             self._g[start + k] = g[k]
         self.n_target = start + m
-        low = self.n_target - ROW_WINDOW
-        for p in [p for p in self._g if p < low and (p + 1) % self.n_batch]:
-            del self._g[p]
+        self._rows_kept(self._g, self.n_target)
 
-    def _encode(self, m: int) -> np.ndarray:
-        """The encoder's g rows of the target's last batch of m tokens, in chunks of at most n_ubatch rows."""
+    def _encode(self, m: int, at: int = 0) -> np.ndarray:
+        """The encoder's g rows of the target's last batch's m tokens from row `at`, in chunks of at most n_ubatch
+        rows."""
         w = self.n_embd_target
-        layers = layer_rows(self, m)
+        layers = layer_rows(self, m, at)
         g = np.empty((m, self.n_embd), dtype=np.float32)
         enc = self._enc
         for i in range(0, m, self.n_ubatch):
@@ -262,7 +264,7 @@ class Eagle3Head(Follower):
         """The target forgot its positions from n_keep on: the row at n_keep - 1 becomes the deferred pair's,
         and the draft forgets its positions from there (the next batch or draft writes that pair)."""
         if n_keep == 0:
-            C.llama_memory_clear(self._mem, True)
+            self._forget(0)
             self.n_target = self.n_draft = 0
             self.pending_pos, self.synced = -1, True
             self._g.clear()
@@ -276,7 +278,7 @@ class Eagle3Head(Follower):
             return
         self.pending_pos, self.pending_g = n_keep - 1, g
         if self.n_draft > n_keep - 1:
-            C.llama_memory_seq_rm(self._mem, 0, n_keep - 1, -1)
+            self._forget(n_keep - 1)
             self.n_draft = n_keep - 1
 
     # -- drafting ---------------------------------------------------------------------------------
@@ -285,7 +287,7 @@ class Eagle3Head(Follower):
         """The first draft step (of up to n): the deferred pair completed with `token` (the history's last, at `position` =
         the target's n_past). Returns the logits of the next token (a view, valid until the next step)."""
         if self.n_draft > self.pending_pos:
-            C.llama_memory_seq_rm(self._mem, 0, self.pending_pos, -1)
+            self._forget(self.pending_pos)
             self.n_draft = self.pending_pos
         self._drafting = 0
         self._h = self.pending_g
@@ -310,7 +312,7 @@ class Eagle3Head(Follower):
     def end(self) -> None:
         """Forget the drafted positions but the first (the deferred pair, now complete)."""
         if self._drafting > 1:
-            C.llama_memory_seq_rm(self._mem, 0, self.pending_pos + 1, -1)
+            self._forget(self.pending_pos + 1)
             self.n_draft = self.pending_pos + 1
         self._drafting = 0
 

@@ -81,6 +81,7 @@ class Sequence(Reusing):
         self.tokens: list[int] = []
         self.canonical = 0  # leading positions decoded alone in whole aligned chunks (Context.canonical)
         self.checkpoints = None if ctx.cuttable else Checkpoints(seq_id=seq_id)
+        self.followers: list = []  # this sequence's heads (Context.followers): told of its batches and cuts
 
     @property
     def n_past(self) -> int:
@@ -103,6 +104,8 @@ class Sequence(Reusing):
 
     def clear(self) -> None:
         C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, 0, -1)
+        for follower in self.followers:
+            follower.cut(0)
         self.tokens.clear()
         self.canonical = 0
         if self.checkpoints is not None:
@@ -112,6 +115,8 @@ class Sequence(Reusing):
         """Drop positions from n_keep on, if llama.cpp can (a recurrent state: not within it); whether it did."""
         if not C.llama_memory_seq_rm(self.ctx._mem, self.seq_id, n_keep, -1):
             return False
+        for follower in self.followers:
+            follower.cut(n_keep)
         del self.tokens[n_keep:]
         self.canonical = min(self.canonical, n_keep)
         return True
@@ -166,6 +171,8 @@ def decode_together(ctx, parts: list[tuple[Sequence, Tokens[int], str]]) -> list
         for seq, n_past in before.values():
             if seq.checkpoints is None:
                 C.llama_memory_seq_rm(ctx._mem, seq.seq_id, n_past, -1)
+                for follower in seq.followers:
+                    follower.cut(n_past)
                 del seq.tokens[n_past:]
             else:
                 seq.truncate(n_past)
@@ -181,6 +188,7 @@ class _Batch:
         self.ctx, self.batch = ctx, ctx._batch
         self.out: list[list[np.ndarray]] = [[] for _ in range(n_parts)]
         self.rows: list[tuple[int, int]] = []  # (part, its output rows) in this batch, in order
+        self.heard: list[tuple[Sequence, int, list[int], int]] = []  # (followed sequence, start, tokens, first row)
         self.m = 0
 
     def add(self, index: int, seq: Sequence, tokens: list[int], logits: str) -> None:
@@ -198,6 +206,8 @@ class _Batch:
                 wanted = logits == "all" or (logits == "last" and start + k == len(tokens) - 1)
                 batch.logits[i] = wanted
                 n_out += wanted
+            if seq.followers:
+                self.heard.append((seq, seq.n_past, tokens[start:start + take], self.m))
             seq.tokens.extend(tokens[start:start + take])
             self.rows.append((index, n_out))
             self.m += take
@@ -211,6 +221,10 @@ class _Batch:
         ctx = self.ctx
         self.batch.n_tokens = self.m
         decode_failed(C.llama_decode(ctx._ctx, self.batch), self.m, 0, ctx.n_ctx)
+        for seq, start, tokens, at in self.heard:  # each sequence's heads read its rows of this batch
+            for follower in seq.followers:
+                follower.process(start, np.asarray(tokens, dtype=np.int32), at)
+        self.heard = []
         n_out = sum(n for _, n in self.rows)
         if n_out:
             view = ctx.logits(n_out)

@@ -41,6 +41,21 @@ def test_auto_drafts_less_as_streams_are_added_and_not_where_rows_cost_a_step():
     assert batch_budget(GPU, [sure] * 4, 16, unified=False) == 0 < batch_budget(GPU, [sure] * 4, 16, unified=True)
 
 
+def test_a_stream_that_has_not_drafted_is_priced_at_its_cheapest_heads_measured_step():
+    """Before a stream has drafted, the step its budget weighs is its head's, as measured at load (a DFlash block
+    spread over its drafts): without it, an auto stream with only a head looked free to draft."""
+    from ggufspec.serving import _draft_step
+
+    costs = Costs([0.01] * 4, 1, head_seconds={"mtp": {"token": 0.004}, "dflash": {"token": 0.001, "round": 0.02}})
+    stream = lambda drafter: SimpleNamespace(stats=SimpleNamespace(n_drafted=0, draft_seconds=0.0), drafter=drafter)
+    assert _draft_step(stream(SimpleNamespace(model=None, heads={"mtp": 1})), costs) == 0.004
+    assert _draft_step(stream(SimpleNamespace(model=None, heads={"mtp": 1, "dflash": 1})), costs) == 0.004  # 0.006
+    assert _draft_step(stream(SimpleNamespace(model=None, heads={"eagle3": 1})), costs) == 0.0  # not measured
+    assert _draft_step(stream(SimpleNamespace(model=None)), costs) == 0.0  # prompt lookup
+    seen = SimpleNamespace(stats=SimpleNamespace(n_drafted=4, draft_seconds=0.02), drafter=None)
+    assert _draft_step(seen, costs) == 0.005
+
+
 def test_unequal_drafts_are_cut_to_a_common_length_where_that_pays():
     """With a KV stream per sequence, drafts of unequal length cost a ubatch each: auto's are cut where the
     batch then returns more tokens a second; a fixed mode's draft stays as drafted."""
