@@ -106,7 +106,9 @@ def test_footer_says_per_suite_what_auto_chose_and_its_predicted_against_measure
     r = bench("-m", tiny["target"], "-md", tiny["close"], "--suite", "code,edit", "-n", "8", "--modes", "target,auto",
               "--by-suite")
     assert r.exit_code == 0, r.output
-    lines = {line.split(":")[0]: line for line in r.stdout.splitlines() if "rounds by source" in line}
+    unwrapped = re.sub(r"\n  (?=\S)", " ", r.stdout)  # a footer line longer than 120 columns goes on indented
+    assert max(len(line) for line in r.stdout.splitlines() if "rounds by source" in line) <= 120
+    lines = {line.split(":")[0]: line for line in unwrapped.splitlines() if "rounds by source" in line}
     assert set(lines) == {"auto, code", "auto, edit"}
     for line in lines.values():  # 8 tokens: the first from the prompt's row, then rounds that add up to 7 or more
         counts = [int(n) for n in re.findall(r"(?:none|lookup|draft|mtp) (\d+)", line)]

@@ -7,6 +7,7 @@ heads drafted and their drafts were kept; a chat's next turn keeps its prompt's 
 import pytest
 
 from ggufspec import Engine
+from ggufspec.llama.rows import decode_asks
 from test_serve import run_together
 from tiny import write_tiny_hybrid
 from tiny_hidden import read_target, write_tiny_dflash, write_tiny_eagle3, write_tiny_target
@@ -29,11 +30,16 @@ def files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", CASES, ids="-".join)
-def test_several_requests_draft_with_their_own_heads_and_write_their_own_text(files, case):
+def test_several_requests_draft_with_their_own_heads_and_write_their_own_text(files, case, monkeypatch):
     """Four requests through three sequences (one waits for a free one): the head's mode greedy and seeded, auto
     greedy, target-only. Each writes `generate`'s target-only text alone, and a head's request drafts and keeps
-    what it drafts and keeps alone (its head read its own rows of the shared batches: another sequence's rows
-    would draft other tokens)."""
+    what it drafts and keeps alone. MTP and EAGLE-3 heads decode the rows several sequences asked in one batch,
+    their draft steps and their catch-up on the target's batches alike (DFlash: a block per sequence)."""
+    import ggufspec.llama.heads as heads
+
+    together = []
+    monkeypatch.setattr(heads, "decode_asks", lambda owner, parts: together.append(
+        (len(parts), max(ask.n for _, ask in parts))) or decode_asks(owner, parts))
     target, draft = files[case]
     kind = case[1]
     requests = [(PROMPTS[0], kind, {"draft_max": 3}), (PROMPTS[1], kind, {"temperature": 0.8, "seed": 3}),
@@ -53,6 +59,11 @@ def test_several_requests_draft_with_their_own_heads_and_write_their_own_text(fi
         assert all(n > 3 for n, _ in got[:2]), got
         if case[0] == "llama" or kind == "mtp":  # the fixtures' heads agree with these targets
             assert totals.accepted > 0
+    if kind != "dflash":
+        assert any(n > 1 and rows == 1 for n, rows in together), together  # draft steps of several
+        assert any(n > 1 and rows > 1 for n, rows in together), together  # catch-ups of several
+    else:
+        assert not together
 
 
 def _rows(head) -> dict:

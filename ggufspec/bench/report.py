@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import textwrap
 from pathlib import Path
 
 from tabulate import tabulate
@@ -138,7 +139,8 @@ def auto_footer(rows: list[dict]) -> str:
         if r.get("planned_tokens_per_second"):
             rates = (f"; predicted {r['planned_tokens_per_second']:.1f} tok/s, "
                      f"measured {r['measured_tokens_per_second']:.1f}")
-        lines.append(f"{where}: {_beside_best(r)}rounds by source {chose}{rates}")
+        lines.append(textwrap.fill(f"{where}: {_beside_best(r)}rounds by source {chose}{rates}", 120,
+                                   subsequent_indent="  ", break_on_hyphens=False))  # a 120-column terminal
     return "\n".join(lines)
 
 

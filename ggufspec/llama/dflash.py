@@ -20,8 +20,9 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
-from .heads import Follower, RowBatch, ext, follower_context
+from .heads import Follower, ext, follower_context
 from .hidden import check_layer_ids, check_target_on_host, extract_layers, layer_rows, target_layer_ids
+from .rows import RowBatch
 from .runtime import C, decode_failed
 
 DEFAULT_BLOCK = 16  # llama.cpp's block size where the GGUF names none

@@ -13,14 +13,12 @@ loaded without its MTP layers, a batch past n_batch), so each is checked here be
 
 from __future__ import annotations
 
-import ctypes
-import time
-
 import numpy as np
 
 from ..errors import GGUFSpecError
 from .draft_fit import is_mtp_file  # noqa: F401 (where the engine and models.resolve look for it)
-from .runtime import C, Closing, buffers, create_context, decode_failed
+from .rows import RowBatch, decode_asks, run
+from .runtime import C, Closing, buffers, create_context
 
 # The target's hidden-state rows kept for rewinds: a rewind goes back at most into the last round's batches
 # (a verify batch, a near-tie's re-decode, a recurrent target's replay); prompt reuse cuts at whole batches,
@@ -57,32 +55,6 @@ def _mtp_blocks(path, info) -> int:
     return info.n_nextn
 
 
-class RowBatch:
-    """A llama_batch of one sequence with numpy views: tokens (ours, where it pairs them with rows) and rows
-    (width 0: tokens alone, llama_batch_init's own)."""
-
-    def __init__(self, n: int, width: int, *, tokens: bool, seq_id: int = 0):
-        self.n = n
-        self.batch = C.llama_batch_init(n, width, 1)
-        self.tokens = (C.llama_token * n)() if tokens and width else None
-        if self.tokens is not None:
-            self.batch.token = self.tokens  # llama_batch_init made room for rows only: the tokens are ours
-        for i in range(n):
-            self.batch.n_seq_id[i] = 1
-            self.batch.seq_id[i][0] = seq_id
-        self.token = np.ctypeslib.as_array(self.batch.token, shape=(n,)) if tokens else None
-        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(n,))
-        self.out = np.ctypeslib.as_array(self.batch.logits, shape=(n,))
-        self.rows = np.ctypeslib.as_array(self.batch.embd, shape=(n, width)) if width else None
-
-    def free(self) -> None:
-        if self.batch is not None:
-            if self.tokens is not None:
-                self.batch.token = ctypes.POINTER(C.llama_token)()  # ours, not llama_batch_free's
-            C.llama_batch_free(self.batch)
-            self.batch = None
-
-
 def all_followers(target) -> list:
     """Every head following the llama.cpp context of `target` (a Context, or a Sequence of one): those of each of
     its sequences too (what the context outputs is the same for all of them)."""
@@ -102,6 +74,7 @@ class Follower(Closing):
     _batches: tuple[str, ...] = ()
     seq_id = 0
     _owner = True
+    nextn_out = True  # its context outputs the pre-norm state of each output row (llama_set_embeddings_nextn)
 
     @property
     def n_ctx(self) -> int:
@@ -112,7 +85,16 @@ class Follower(Closing):
         uses (None: this one makes and owns its own)."""
         self.target, self.seq_id = target, getattr(target, "seq_id", 0)
         self._owner = share is None
+        self.ctx = share or self  # what `sequences.together` gathers this head's asks by: the context's owner
+        if self._owner:
+            self.sharing, self.together_batches = [], {}  # the heads on this context; batches of several's rows
+        self.ctx.sharing.append(self)
+        self.n_batch, self.n_ubatch = int(C.llama_n_batch(self._ctx)), int(C.llama_n_ubatch(self._ctx))
         target.followers.append(self)
+
+    def decode_asks(self, parts: list) -> list:
+        """The rows several heads on this context asked to decode, in one batch (`rows.decode_asks`)."""
+        return decode_asks(self, parts)
 
     def _forget(self, start: int) -> None:
         """Forget this head's positions from `start` on (0: all of them) in its context."""
@@ -142,6 +124,9 @@ class Follower(Closing):
             batch = getattr(self, name, None)
             if batch is not None:
                 batch.free()
+        for batch in getattr(self, "together_batches", {}).values():
+            batch.free()
+        self.together_batches = {}
         target = getattr(self, "target", None)
         if target is not None and self in target.followers:
             if target._ctx and self.active:
@@ -174,9 +159,8 @@ class MtpHead(Follower):
         self._ctx, self.buffers = (share._ctx, {}) if share else follower_context(
             target, model, "the MTP layers' context", mtp=True, n_threads=n_threads)
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)
-        self.n_batch = int(C.llama_n_batch(self._ctx))
         self._mem = C.llama_get_memory(self._ctx)
-        self._batch = RowBatch(self.n_batch, self.n_embd, tokens=True, seq_id=getattr(target, "seq_id", 0))
+        self._batch = RowBatch(int(C.llama_n_batch(self._ctx)), self.n_embd, tokens=True, seq_id=getattr(target, "seq_id", 0))
         self.n_past = 0  # positions this context holds: the target's, while in step
         self.synced = True  # it holds exactly what the target holds (lost while inactive; back at a clear)
         self.active = False
@@ -219,7 +203,7 @@ class MtpHead(Follower):
         batch.token[:m] = tokens
         batch.pos[:m] = np.arange(start, start + m, dtype=np.int32)
         batch.out[:m] = 0
-        self._decode(m, "catch_up")
+        run(self, batch, m, "catch_up")
         self.rows_fed += m
         for k in range(m):
             self._rows[start + k] = rows[k].copy()
@@ -258,13 +242,10 @@ class MtpHead(Follower):
             raise GGUFSpecError("the MTP context is full")
         batch = self._batch
         batch.token[0], batch.pos[0], batch.out[0], batch.rows[0] = token, self.n_past + self._drafting, 1, self._h
-        self._decode(1, "draft")
+        logits, h = run(self, batch, 1, "draft")
         self._drafting += 1
-        h = self.X.llama_get_embeddings_nextn_ith(self._ctx, 0)
-        self._h = np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
-        view = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, 0), shape=(1, self.n_vocab))
-        view.flags.writeable = False
-        return view[0]
+        self._h = np.array(h[0])
+        return logits[0]
 
     def end(self) -> None:
         """Forget the drafted positions (the verify batch decodes them here again, with the target's states)."""
@@ -272,11 +253,6 @@ class MtpHead(Follower):
             self._forget(self.n_past)
             self._drafting = 0
 
-    def _decode(self, m: int, kind: str) -> None:
-        self._batch.batch.n_tokens = m
-        start = time.perf_counter()
-        decode_failed(C.llama_decode(self._ctx, self._batch.batch), m, self.n_past, self.target.n_ctx)
-        self.seconds[kind] += time.perf_counter() - start
 
 def follower_context(target, model, what: str, *, mtp: bool = False, n_threads: int | None = None):
     """A llama.cpp context on `model` beside the target Context `target` (or the Context of the Sequence `target`:

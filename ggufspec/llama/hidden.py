@@ -17,15 +17,15 @@ layer id past the target's layers, an encoder batch past n_ubatch), so each is c
 from __future__ import annotations
 
 import ctypes
-import time
 
 import numpy as np
 
 from ..errors import GGUFSpecError
 from .devices import on_software_device
 from .draft_fit import hidden_state_misfit
-from .heads import Follower, RowBatch, all_followers, ext, follower_context
-from .runtime import C, decode_failed
+from .heads import Follower, all_followers, ext, follower_context
+from .rows import RowBatch, run
+from .runtime import C
 
 EAGLE3_LAYERS = 3  # target layers an EAGLE-3 draft reads (llama.cpp refuses any other count)
 
@@ -231,7 +231,7 @@ class Eagle3Head(Follower):
         n += m - 1
         if n:
             dec.out[:n] = 0
-            self._decode(n, "catch_up")
+            run(self, dec, n, "catch_up")
             self.rows_fed += n
         self.n_draft = start + m - 1
         self.pending_pos, self.pending_g = start + m - 1, g[m - 1]
@@ -252,12 +252,7 @@ class Eagle3Head(Follower):
             for k, rows in enumerate(layers):
                 enc.rows[:n, k * w : (k + 1) * w] = rows[i : i + n]
             enc.pos[:n] = np.arange(self.n_draft + i, self.n_draft + i + n, dtype=np.int32)  # unused by the encoder
-            enc.batch.n_tokens = n
-            began = time.perf_counter()
-            if C.llama_encode(self._ctx, enc.batch) != 0:
-                raise GGUFSpecError(f"{self.draft_model.path}: llama.cpp's EAGLE-3 encoder failed on {n} rows")
-            self.seconds["encode"] += time.perf_counter() - began
-            g[i : i + n] = np.ctypeslib.as_array(self.X.llama_get_embeddings_nextn(self._ctx), shape=(n, self.n_embd))
+            g[i : i + n] = run(self, enc, n, "encode", encode=True)[1]
         return g
 
     def cut(self, n_keep: int) -> None:
@@ -300,14 +295,11 @@ class Eagle3Head(Follower):
             raise GGUFSpecError("the EAGLE-3 draft's context is full")
         dec = self._dec
         dec.token[0], dec.pos[0], dec.out[0], dec.rows[0] = token, position, 1, self._h
-        self._decode(1, "draft")
+        logits, h = run(self, dec, 1, "draft")
         self._drafting += 1
         self.n_draft = position + 1
-        h = self.X.llama_get_embeddings_nextn_ith(self._ctx, 0)
-        self._h = np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
-        view = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, 0), shape=(1, self.n_vocab))
-        view.flags.writeable = False
-        return view[0]
+        self._h = np.array(h[0])
+        return logits[0]
 
     def end(self) -> None:
         """Forget the drafted positions but the first (the deferred pair, now complete)."""
@@ -315,9 +307,3 @@ class Eagle3Head(Follower):
             self._forget(self.pending_pos + 1)
             self.n_draft = self.pending_pos + 1
         self._drafting = 0
-
-    def _decode(self, n: int, kind: str) -> None:
-        self._dec.batch.n_tokens = n
-        began = time.perf_counter()
-        decode_failed(C.llama_decode(self._ctx, self._dec.batch), n, self.n_draft, self.target.n_ctx)
-        self.seconds[kind] += time.perf_counter() - began

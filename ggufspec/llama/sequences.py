@@ -12,6 +12,7 @@ drafts are decoded in one batch of its context, as llama.cpp's server drafts, in
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Callable, Sequence as Tokens
 
@@ -221,10 +222,8 @@ class _Batch:
         ctx = self.ctx
         self.batch.n_tokens = self.m
         decode_failed(C.llama_decode(ctx._ctx, self.batch), self.m, 0, ctx.n_ctx)
-        for seq, start, tokens, at in self.heard:  # each sequence's heads read its rows of this batch
-            for follower in seq.followers:
-                follower.process(start, np.asarray(tokens, dtype=np.int32), at)
-        self.heard = []
+        heard, self.heard = self.heard, []
+        follow(heard)
         n_out = sum(n for _, n in self.rows)
         if n_out:
             view = ctx.logits(n_out)
@@ -234,6 +233,22 @@ class _Batch:
                     self.out[part].append(view[at:at + n].copy())
                     at += n
         self.m, self.rows = 0, []
+
+
+def follow(heard: list[tuple[Sequence, int, list[int], int]]) -> None:
+    """Each sequence's heads read its rows of the batch just decoded ((sequence, start, tokens, first row) each):
+    as plans of `together`, so heads sharing a context decode what they follow in one batch (llama.rows)."""
+    calls = [functools.partial(f.process, start, np.asarray(tokens, dtype=np.int32), at)
+             for seq, start, tokens, at in heard for f in seq.followers]
+    for result, _ in together(calls) if len(calls) > 1 else [(call(), 0.0) for call in calls]:
+        if isinstance(result, BaseException):
+            raise result
+
+
+def planning() -> "_Planning | None":
+    """The plan of `together` this code runs in (its decodes are asked, not made), or None."""
+    current = greenlet.getcurrent()
+    return current if isinstance(current, _Planning) else None
 
 
 class _Planning(greenlet.greenlet):
@@ -283,8 +298,9 @@ def together(calls: list[Callable]) -> list[tuple[object, float]]:
 def _decode_asked(ctx, members: list[int], asked: dict, runs: list[_Planning]) -> dict[int, tuple[bool, object]]:
     """Decode the members' asks on one context together (each alone if that fails, so one ask's fault is its own)."""
     start = time.perf_counter()
+    decode = getattr(ctx, "decode_asks", None) or functools.partial(decode_together, ctx)  # heads: llama.rows
     try:
-        out = {i: (False, rows) for i, rows in zip(members, decode_together(ctx, [asked[i] for i in members]))}
+        out = {i: (False, rows) for i, rows in zip(members, decode([asked[i] for i in members]))}
     except Exception as e:  # noqa: BLE001
         if len(members) == 1:
             return {members[0]: (True, e)}
