@@ -631,7 +631,7 @@ def test_what_only_concurrency_refuses_is_one_line(tiny):
     refused(run(*base, "--concurrency", "1,2,"), "--concurrency has an empty item")
     refused(run(*base, "--concurrency", 1, "--temp", 0.5), "--concurrency sends greedy fixed-length requests")
     refused(run(*base, "--concurrency", 1, "-md", tiny["close"], "--modes", "target,draft-alone"),
-            "--modes draft-alone: bench --concurrency runs", "target, lookup, draft, auto")
+            "--modes draft-alone: bench --concurrency runs", "target, lookup, draft, mtp, eagle3, dflash, auto")
 
 
 def test_concurrency_with_c_too_small_for_a_prompt_is_one_line_before_the_server(tiny, tmp_path):

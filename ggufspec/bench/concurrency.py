@@ -270,7 +270,8 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
         raise GGUFSpecError("bench --concurrency sends greedy fixed-length requests: drop --temp and --natural-stop")
     levels, max_tokens = tuple(sorted(set(levels))), settings.max_tokens
     modes = ("target",) + tuple(m for m in settings.modes if m in SERVER_MODES and m != "target")
-    engine = fitted_engine(load, prompts, modes, levels, max_tokens, slot_ctx)
+    # the heads' modes are checked below, as plain bench checks them (the Engine loads what the files have)
+    engine = fitted_engine(load, prompts, tuple(m for m in modes if m not in HEAD_MODES), levels, max_tokens, slot_ctx)
     rows, reference = [], {}
     with engine:
         check_modes(settings.modes, engine.draft_model is not None, set(engine.heads), engine.target_model.path.name)
