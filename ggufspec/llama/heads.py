@@ -62,6 +62,12 @@ def all_followers(target) -> list:
     return list(ctx.followers) + [f for seq in ctx.sequences for f in seq.followers]
 
 
+def read_by_others(follower) -> set[int]:
+    """The target layers (their ids; the target's n_layer: its final hidden state) another active head reads, on
+    any sequence: what must stay extracted when this one stops following."""
+    return {lid for f in all_followers(follower.target) if f is not follower and f.active for lid in f.layer_ids}
+
+
 class Follower(Closing):
     """What every head shares as a follower of a target `Context`, or of one `Sequence` of a context of several
     (see the module): its context's length, following on and off (`_follow`: what the target must output while
@@ -74,7 +80,6 @@ class Follower(Closing):
     _batches: tuple[str, ...] = ()
     seq_id = 0
     _owner = True
-    nextn_out = True  # its context outputs the pre-norm state of each output row (llama_set_embeddings_nextn)
 
     @property
     def n_ctx(self) -> int:
@@ -98,7 +103,7 @@ class Follower(Closing):
 
     def _forget(self, start: int) -> None:
         """Forget this head's positions from `start` on (0: all of them) in its context."""
-        if start == 0 and self._owner and self.seq_id == 0 and not getattr(self.target, "ctx", None):
+        if start == 0 and len(self.ctx.sharing) == 1:
             C.llama_memory_clear(self._mem, True)  # a context of its own
         else:
             C.llama_memory_seq_rm(self._mem, self.seq_id, start, -1)
@@ -160,7 +165,8 @@ class MtpHead(Follower):
             target, model, "the MTP layers' context", mtp=True, n_threads=n_threads)
         self.X.llama_set_embeddings_nextn(self._ctx, True, True)
         self._mem = C.llama_get_memory(self._ctx)
-        self._batch = RowBatch(int(C.llama_n_batch(self._ctx)), self.n_embd, tokens=True, seq_id=getattr(target, "seq_id", 0))
+        self._batch = RowBatch(int(C.llama_n_batch(self._ctx)), self.n_embd, tokens=True,
+                               seq_id=getattr(target, "seq_id", 0))
         self.n_past = 0  # positions this context holds: the target's, while in step
         self.synced = True  # it holds exactly what the target holds (lost while inactive; back at a clear)
         self.active = False
@@ -176,8 +182,7 @@ class MtpHead(Follower):
 
     def _follow(self, on: bool) -> None:
         """The target's hidden states, a row per batch token (left on while another head reads them)."""
-        if on or not any(f is not self and f.active and self.layer_ids[0] in f.layer_ids
-                         for f in all_followers(self.target)):
+        if on or self.layer_ids[0] not in read_by_others(self):
             self.X.llama_set_embeddings_nextn(self.target._ctx, bool(on), False)
 
     def ready(self, n_past: int) -> bool:

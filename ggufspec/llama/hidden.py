@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import GGUFSpecError
 from .devices import on_software_device
 from .draft_fit import hidden_state_misfit
-from .heads import Follower, all_followers, ext, follower_context
+from .heads import Follower, ext, follower_context, read_by_others
 from .rows import RowBatch, run
 from .runtime import C
 
@@ -143,8 +143,7 @@ def extract_layers(follower, on: bool) -> None:
     rows not extracted aborts inside llama.cpp)."""
     target, X = follower.target, follower.X
     n_layer = int(C.llama_model_n_layer(target.model._model))
-    kept = set() if on else {lid for f in all_followers(target) if f is not follower and f.active
-                             for lid in f.layer_ids}
+    kept = set() if on else read_by_others(follower)
     for lid in (i for i in follower.layer_ids if i not in kept):
         if lid < n_layer:
             Staging.get().llama_set_embeddings_layer_inp(target._ctx, lid, bool(on))

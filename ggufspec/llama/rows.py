@@ -90,7 +90,7 @@ def decode_now(head, batch: RowBatch, n: int, encode: bool):
     if not n_out:
         return None, None
     logits = None if encode else _view(C.llama_get_logits(head._ctx), n_out, head.n_vocab)
-    nextn = _view(head.X.llama_get_embeddings_nextn(head._ctx), n_out, head.n_embd) if head.nextn_out else None
+    nextn = _view(head.X.llama_get_embeddings_nextn(head._ctx), n_out, head.n_embd)
     return logits, nextn
 
 
