@@ -257,22 +257,47 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
     """Every mode at every concurrency on one ggufspec server (one Engine of max(levels) sequences), then llama.cpp's
     llama-server; {"rows": [...], "meta": {...}}. Each row's vs_off: its aggregate tok/s over ggufspec's with
     speculation off at the same concurrency; identical: requests whose text is the target's own (greedy, alone).
+    With settings.repeats R, the whole round (ggufspec's server, then llama-server's) runs R times in turn, so a
+    machine whose speed drifts moves both alike, and each row is the median of its R runs (`merged`).
 
     settings: its modes and -n (max_tokens), checked as plain bench checks them (`BenchSettings.validate`,
     `check_modes`) before a server starts; a mode asked for by name that a server does not run for several clients
     (SERVER_MODES) is one line. slot_ctx: each sequence's context (-c), None: sized from the prompts and -n."""
-    from ..generation import GenerationSettings
     from ..llama.backend import machine
-    from ..server import InThread
 
     settings.validate()
     if not settings.greedy or not settings.ignore_eos:
         raise GGUFSpecError("bench --concurrency sends greedy fixed-length requests: drop --temp and --natural-stop")
-    levels, max_tokens = tuple(sorted(set(levels))), settings.max_tokens
+    levels = tuple(sorted(set(levels)))
+    runs, reference = [], {}
+    for repeat in range(settings.repeats):
+        rows, (paths, ngl, threads, slot) = ggufspec_rows(load, prompts, settings, levels, slot_ctx, reference, note)
+        if llama_cpp_bin:
+            rows += llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, settings.max_tokens, slot,
+                                      threads, ngl, reference, note)
+        runs.append(rows)
+    rows = merged(runs)
+    off = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in rows if r["config"] == "ggufspec target"}
+    for r in rows:
+        r["vs_off"] = round(r["aggregate_tokens_per_second"] / off[r["concurrency"]], 3) if off.get(r["concurrency"]) else None
+    return {"rows": rows, "meta": {"machine": machine()["summary"]["cpu"], "threads": threads, "levels": list(levels),
+                                   "max_tokens": settings.max_tokens, "prompts": len(prompts), "target": str(paths[0]),
+                                   "draft": str(paths[1]) if paths[1] else None, "repeats": settings.repeats}}
+
+
+def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[int, ...], slot_ctx: int | None,
+                  reference: dict[int, str], note) -> tuple[list[dict], tuple]:
+    """One round of ggufspec's server: every mode at every level; the rows and what llama-server's round runs at
+    ((target, draft of the same vocabulary or None), -ngl, threads, a sequence's context). `reference`, where
+    empty, takes the first round's texts."""
+    from ..generation import GenerationSettings
+    from ..server import InThread
+
+    max_tokens = settings.max_tokens
     modes = ("target",) + tuple(m for m in settings.modes if m in SERVER_MODES and m != "target")
     # the heads' modes are checked below, as plain bench checks them (the Engine loads what the files have)
     engine = fitted_engine(load, prompts, tuple(m for m in modes if m not in HEAD_MODES), levels, max_tokens, slot_ctx)
-    rows, reference = [], {}
+    rows = []
     with engine:
         check_modes(settings.modes, engine.draft_model is not None, set(engine.heads), engine.target_model.path.name)
         unserved = [m for m in settings.modes if m not in SERVER_MODES]
@@ -288,22 +313,36 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
                 for mode in modes:
                     answers, seconds = run_clients(server.url, prompts, n, max_tokens, {"mode": mode})
                     if not reference:
-                        reference = {a.prompt: a.text for a in answers}
+                        reference.update({a.prompt: a.text for a in answers})
                     rows.append(row(f"ggufspec {mode}", n, answers, seconds, reference))
                     note(f"{rows[-1]['config']} at concurrency {n}: {rows[-1]['aggregate_tokens_per_second']:.1f} tok/s")
         target, draft = engine.target_model, engine.draft_model
         paths = (target.path, draft.path if draft is not None and engine.bridge is None else None)
-        ngl, threads = target.n_gpu_layers, engine.target_ctx.n_threads
-        slot = engine.n_ctx
-    if llama_cpp_bin:
-        rows += llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, max_tokens, slot, threads, ngl,
-                                  reference, note)
-    off = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in rows if r["config"] == "ggufspec target"}
-    for r in rows:
-        r["vs_off"] = round(r["aggregate_tokens_per_second"] / off[r["concurrency"]], 3) if off.get(r["concurrency"]) else None
-    return {"rows": rows, "meta": {"machine": machine()["summary"]["cpu"], "threads": threads, "levels": list(levels),
-                                   "max_tokens": max_tokens, "prompts": len(prompts), "target": str(paths[0]),
-                                   "draft": str(paths[1]) if paths[1] else None}}
+        return rows, (paths, target.n_gpu_layers, engine.target_ctx.n_threads, engine.n_ctx)
+
+
+def merged(runs: list[list[dict]]) -> list[dict]:
+    """One row per (config, N) of several rounds' rows, in the first round's order: the median of each rate and of
+    the time to first token, the runs' aggregate tok/s as `aggregate_min` / `aggregate_max`, and the counts
+    (requests, tokens, drafted, accepted, identical) summed. Of one round: its rows as they are."""
+    if len(runs) == 1:
+        return runs[0]
+    groups: dict[tuple, list[dict]] = {}
+    for rows in runs:
+        for r in rows:
+            groups.setdefault((r["config"], r["concurrency"]), []).append(r)
+    out = []
+    for same in groups.values():
+        rates = [r["aggregate_tokens_per_second"] for r in same]
+        total = {k: sum(r[k] for r in same) for k in ("requests", "tokens", "seconds", "drafted", "accepted")}
+        identical = None if any(r["identical"] is None for r in same) else sum(r["identical"] for r in same)
+        per_request = [r["request_tokens_per_second"] for r in same if r["request_tokens_per_second"] is not None]
+        out.append({**same[0], **total, "identical": identical, "runs": len(same),
+                    "aggregate_tokens_per_second": round(statistics.median(rates), 3),
+                    "aggregate_min": min(rates), "aggregate_max": max(rates),
+                    "request_tokens_per_second": round(statistics.median(per_request), 3) if per_request else None,
+                    "first_token_seconds": round(statistics.median(r["first_token_seconds"] for r in same), 3)})
+    return out
 
 
 def concurrency_table(result: dict) -> str:
@@ -313,8 +352,12 @@ def concurrency_table(result: dict) -> str:
     def number(value, digits=1):
         return "-" if value is None else f"{value:.{digits}f}"
 
+    repeated = result["meta"].get("repeats", 1) > 1
+
     cells = [{"config": r["config"], "N": r["concurrency"], "requests": r["requests"],
               "tok/s": number(r["aggregate_tokens_per_second"]),
+              **({"min-max": f"{r['aggregate_min']:.1f}-{r['aggregate_max']:.1f}" if r.get("runs", 1) > 1 else "-"}
+                 if repeated else {}),
               "vs off": number(r["vs_off"], 2) + "x" if r["vs_off"] is not None else "-",
               "tok/s per request": number(r["request_tokens_per_second"]),
               "first token s": number(r["first_token_seconds"], 2),
@@ -322,5 +365,30 @@ def concurrency_table(result: dict) -> str:
               "identical": "-" if r["identical"] is None else f"{r['identical']}/{r['requests']}"}
              for r in result["rows"]]
     meta = result["meta"]
-    return (table(cells) + f"\n\n{meta['machine']}, {meta['threads']} threads; {meta['max_tokens']} tokens per "
-            "request, greedy; identical: the target's own text, as ggufspec writes it alone")
+    against = against_llama_server(result["rows"])
+    return (table(cells) + ("\n\n" + "\n".join(against) if against else "") + f"\n\n{meta['machine']}, {meta['threads']} threads; {meta['max_tokens']} tokens per "
+            "request, greedy; identical: the target's own text, as ggufspec writes it alone"
+            + (f"; each row the median of {meta['repeats']} runs taking turns, min-max their aggregate tok/s"
+               if repeated else ""))
+
+
+def against_llama_server(rows: list[dict]) -> list[str]:
+    """Per N where llama-server ran: ggufspec's auto over the faster of llama-server with and without its draft,
+    speculation off over llama-server without one, and both servers' median first token (auto's and the plain
+    llama-server's): the lines a reader compares the two servers by."""
+    by = {(r["config"], r["concurrency"]): r for r in rows}
+    lines = []
+    for n in sorted({r["concurrency"] for r in rows}):
+        plain, drafted = by.get(("llama-server", n)), by.get(("llama-server + draft", n))
+        if plain is None and drafted is None:
+            continue
+        best = max((r for r in (plain, drafted) if r), key=lambda r: r["aggregate_tokens_per_second"])
+        said = []
+        for mine, theirs, what in ((by.get(("ggufspec auto", n)), best, f"{best['config']} (the faster)"),
+                                   (by.get(("ggufspec target", n)), plain, "llama-server")):
+            if mine and theirs:
+                said.append(f"{mine['config']} {mine['aggregate_tokens_per_second'] / theirs['aggregate_tokens_per_second']:.2f}x "
+                            f"of {what}, first token {mine['first_token_seconds']:.2f} s against {theirs['first_token_seconds']:.2f} s")
+        if said:
+            lines.append(f"N={n}: " + "; ".join(said))
+    return lines
