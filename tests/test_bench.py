@@ -717,3 +717,46 @@ def test_llama_cpps_rows_run_at_the_engines_placement(monkeypatch):
     assert reference.placement(engine(47, -1, rpc=["RPC0"]), "llama-bench") == ()
     monkeypatch.setattr(devices, "local_gpus", lambda: {})
     assert reference.placement(seed, "llama-speculative-simple") == ()
+
+
+def _served(config, n, rate, first, identical=1, drafted=0, accepted=0):
+    return {"config": config, "concurrency": n, "requests": 1, "tokens": 64, "seconds": 64 / rate,
+            "aggregate_tokens_per_second": rate, "request_tokens_per_second": rate + 1, "first_token_seconds": first,
+            "drafted": drafted, "accepted": accepted, "identical": identical}
+
+
+def test_repeated_rounds_are_one_row_each_with_the_median_and_the_spread():
+    """--repeats with --concurrency: each (config, N) is one row, in the first round's order, its rates the median
+    of the rounds, its counts summed; a row one round lacks (a server that failed to start) is merged from the
+    rounds that have it."""
+    from ggufspec.bench.concurrency import merged
+
+    rounds = [[_served("ggufspec target", 1, 10.0, 0.5), _served("llama-server", 1, 12.0, 0.4)],
+              [_served("ggufspec target", 1, 14.0, 0.7, drafted=4, accepted=3)],
+              [_served("ggufspec target", 1, 11.0, 0.6, identical=0), _served("llama-server", 1, 9.0, 0.2)]]
+    target, server = merged(rounds)
+    assert (target["config"], target["runs"], target["aggregate_tokens_per_second"]) == ("ggufspec target", 3, 11.0)
+    assert (target["aggregate_min"], target["aggregate_max"], target["first_token_seconds"]) == (10.0, 14.0, 0.6)
+    assert (target["requests"], target["identical"], target["drafted"], target["accepted"]) == (3, 2, 4, 3)
+    assert (server["runs"], server["aggregate_tokens_per_second"], server["first_token_seconds"]) == (2, 10.5, 0.3)
+    assert merged(rounds[:1]) == rounds[0]
+
+
+def test_the_footer_weighs_auto_against_the_faster_llama_server_and_off_against_the_plain_one():
+    from ggufspec.bench.concurrency import against_llama_server
+
+    rows = [_served("ggufspec target", 1, 9.0, 0.5), _served("ggufspec auto", 1, 10.0, 0.4),
+            _served("llama-server", 1, 10.0, 0.3), _served("llama-server + draft", 1, 12.5, 0.6),
+            _served("ggufspec target", 2, 15.0, 0.9), _served("ggufspec auto", 2, 15.0, 0.9)]
+    assert against_llama_server(rows) == [
+        "N=1: ggufspec auto 0.80x of llama-server + draft (the faster), first token 0.40 s against 0.60 s; "
+        "ggufspec target 0.90x of llama-server, first token 0.50 s against 0.30 s"]  # N=2: no llama-server row
+
+
+def test_concurrency_repeats_run_each_round_and_show_the_spread(tiny):
+    r = run("bench", "-m", tiny["target"], "-ngl", 0, "--suite", "code", "--limit", 1, "-n", 4, "--modes",
+            "target", "--concurrency", 1, "--repeats", 2)
+    assert r.exit_code == 0, r.output
+    head, line = r.stdout.splitlines()[:3:2]
+    assert "min-max" in head.split() and line.split()[:4] == ["ggufspec", "target", "1", "2"], r.stdout
+    assert "each row the median of 2 runs taking turns" in r.stdout

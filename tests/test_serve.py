@@ -262,6 +262,9 @@ def test_a_chats_next_turn_keeps_its_cached_prompt(server, tiny):
     with Engine(tiny["target"], n_ctx=512, prompt_chunk=32, measure=False) as e:
         want = e.generate(messages=turn2, max_tokens=12, ignore_eos=True, mode="target")
     assert second["choices"][0]["message"]["content"] == want.text
+    status, again, _ = post(port, "/v1/chat/completions", {"messages": turn2, **body, "cache_prompt": False})
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, again  # llama-server's field
+    assert again["choices"][0]["message"]["content"] == want.text
 
 
 def test_chat_streams_and_whole_answers_agree(server):

@@ -183,9 +183,15 @@ class LlamaServer:
         self.proc.stderr.close()
 
 
+def cached(settings: BenchSettings) -> dict:
+    """What every request of both servers says of its prompt's cache: evaluate it whole (llama-server's
+    `cache_prompt`, which ggufspec's server honors too), unless --reuse-prompt asks both to keep what they hold."""
+    return {} if settings.reuse_prompt else {"cache_prompt": False}
+
+
 def llama_server_rows(bin_dir: Path, target: Path, draft: Path | None, prompts: list, levels: tuple[int, ...],
                       max_tokens: int, n_ctx_slot: int, threads: int, ngl: int, reference: dict[int, str],
-                      note) -> list[dict]:
+                      note, extra: dict) -> list[dict]:
     """llama-server -np N, without a draft and (given one of the target's vocabulary) with it, at each level."""
     configs = [("llama-server", [])]
     if draft is not None:
@@ -198,7 +204,7 @@ def llama_server_rows(bin_dir: Path, target: Path, draft: Path | None, prompts: 
                     *(["-ngld", layers] if extra else []), *extra]
             try:
                 with LlamaServer(bin_dir, args) as server:
-                    answers, seconds = run_clients(server.url, prompts, n, max_tokens, {"cache_prompt": False})
+                    answers, seconds = run_clients(server.url, prompts, n, max_tokens, extra)
             except GGUFSpecError as e:
                 note(f"{label} at concurrency {n}: {e}; its row is left out")
                 continue
@@ -274,7 +280,7 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
         rows, (paths, ngl, threads, slot) = ggufspec_rows(load, prompts, settings, levels, slot_ctx, reference, note)
         if llama_cpp_bin:
             rows += llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, settings.max_tokens, slot,
-                                      threads, ngl, reference, note)
+                                      threads, ngl, reference, note, cached(settings))
         runs.append(rows)
     rows = merged(runs)
     off = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in rows if r["config"] == "ggufspec target"}
@@ -311,7 +317,8 @@ def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[in
                 run_clients(server.url, prompts[:1], 1, min(8, max_tokens), {"mode": mode})
             for n in levels:
                 for mode in modes:
-                    answers, seconds = run_clients(server.url, prompts, n, max_tokens, {"mode": mode})
+                    answers, seconds = run_clients(server.url, prompts, n, max_tokens,
+                                                   {"mode": mode, **cached(settings)})
                     if not reference:
                         reference.update({a.prompt: a.text for a in answers})
                     rows.append(row(f"ggufspec {mode}", n, answers, seconds, reference))

@@ -14,7 +14,8 @@ FINISH = {"stop": "stop", "stop_string": "stop", "length": "length"}  # ours -> 
 # Request fields and the setting each sets; others (user, logprobs, penalties...) are accepted and ignored.
 FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
           "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "mode": "mode",
-          "draft_max": "draft_max", "ignore_eos": "ignore_eos", "stop": "stop"}
+          "draft_max": "draft_max", "ignore_eos": "ignore_eos", "stop": "stop",
+          "cache_prompt": "reuse_prompt"}  # llama-server's field: false evaluates the whole prompt again
 # What a mode needs that a server may not have (the request's answer says it; the server's flags are not the client's)
 NEEDS = {"mtp": "a target with MTP layers", "eagle3": "an EAGLE-3 draft", "dflash": "a DFlash draft"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
