@@ -191,8 +191,9 @@ def cached(settings: BenchSettings) -> dict:
 
 def llama_server_rows(bin_dir: Path, target: Path, draft: Path | None, prompts: list, levels: tuple[int, ...],
                       max_tokens: int, n_ctx_slot: int, threads: int, ngl: int, reference: dict[int, str],
-                      note, extra: dict) -> list[dict]:
-    """llama-server -np N, without a draft and (given one of the target's vocabulary) with it, at each level."""
+                      note, body: dict) -> list[dict]:
+    """llama-server -np N, without a draft and (given one of the target's vocabulary) with it, at each level; `body`:
+    what each request adds to its JSON (`cached`)."""
     configs = [("llama-server", [])]
     if draft is not None:
         configs.append(("llama-server + draft", ["-md", str(draft), "--spec-type", "draft-simple"]))
@@ -204,7 +205,7 @@ def llama_server_rows(bin_dir: Path, target: Path, draft: Path | None, prompts: 
                     *(["-ngld", layers] if extra else []), *extra]
             try:
                 with LlamaServer(bin_dir, args) as server:
-                    answers, seconds = run_clients(server.url, prompts, n, max_tokens, extra)
+                    answers, seconds = run_clients(server.url, prompts, n, max_tokens, body)
             except GGUFSpecError as e:
                 note(f"{label} at concurrency {n}: {e}; its row is left out")
                 continue
