@@ -184,16 +184,15 @@ class LlamaServer:
 
 
 def cached(settings: BenchSettings) -> dict:
-    """What every request of both servers says of its prompt's cache: evaluate it whole (llama-server's
-    `cache_prompt`, which ggufspec's server honors too), unless --reuse-prompt asks both to keep what they hold."""
+    """Every request to both servers evaluates its whole prompt (llama-server's `cache_prompt`, which ggufspec's
+    server honors), unless --reuse-prompt asks both to keep what they hold."""
     return {} if settings.reuse_prompt else {"cache_prompt": False}
 
 
 def llama_server_rows(bin_dir: Path, target: Path, draft: Path | None, prompts: list, levels: tuple[int, ...],
                       max_tokens: int, n_ctx_slot: int, threads: int, ngl: int, reference: dict[int, str],
                       note, body: dict) -> list[dict]:
-    """llama-server -np N, without a draft and (given one of the target's vocabulary) with it, at each level; `body`:
-    what each request adds to its JSON (`cached`)."""
+    """llama-server -np N, without and (given one of the target's vocabulary) with a draft; `body`: `cached`'s."""
     configs = [("llama-server", [])]
     if draft is not None:
         configs.append(("llama-server + draft", ["-md", str(draft), "--spec-type", "draft-simple"]))
@@ -331,8 +330,7 @@ def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[in
 
 def merged(runs: list[list[dict]]) -> list[dict]:
     """One row per (config, N) of several rounds' rows, in the first round's order: the median of each rate and of
-    the time to first token, the runs' aggregate tok/s as `aggregate_min` / `aggregate_max`, and the counts
-    (requests, tokens, drafted, accepted, identical) summed. Of one round: its rows as they are."""
+    the first token, the runs' aggregate tok/s as `aggregate_min` / `aggregate_max`, the counts summed."""
     if len(runs) == 1:
         return runs[0]
     groups: dict[tuple, list[dict]] = {}
@@ -388,10 +386,10 @@ def against_llama_server(rows: list[dict]) -> list[str]:
     lines = []
     for n in sorted({r["concurrency"] for r in rows}):
         plain, drafted = by.get(("llama-server", n)), by.get(("llama-server + draft", n))
-        if plain is None and drafted is None:
+        served = [r for r in (plain, drafted) if r]
+        if not served:
             continue
-        best = max((r for r in (plain, drafted) if r), key=lambda r: r["aggregate_tokens_per_second"])
-        said = []
+        best, said = max(served, key=lambda r: r["aggregate_tokens_per_second"]), []
         for mine, theirs, what in ((by.get(("ggufspec auto", n)), best, f"{best['config']} (the faster)"),
                                    (by.get(("ggufspec target", n)), plain, "llama-server")):
             if mine and theirs:
