@@ -293,9 +293,8 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
 
 def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[int, ...], slot_ctx: int | None,
                   reference: dict[int, str], note) -> tuple[list[dict], tuple]:
-    """One round of ggufspec's server: every mode at every level; the rows and what llama-server's round runs at
-    ((target, draft of the same vocabulary or None), -ngl, threads, a sequence's context). `reference`, where
-    empty, takes the first round's texts."""
+    """One round of ggufspec's server at every mode and level: its rows, and what llama-server's round runs at
+    ((target, a draft of its vocabulary or None), -ngl, threads, a sequence's context); fills an empty reference."""
     from ..generation import GenerationSettings
     from ..server import InThread
 
@@ -312,7 +311,8 @@ def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[in
                                 f"several clients at once, {', '.join(SERVER_MODES)}; leave it out")
         modes = tuple(m for m in modes if (m != "draft" or engine.draft_model is not None)
                       and HEAD_MODES.get(m) in (None, *engine.heads))  # a head's mode where the files have it
-        with InThread(engine, "bench", GenerationSettings(), max_queue=4 * max(levels)) as server:
+        served = GenerationSettings(exact=settings.generation.get("exact"))  # --no-exact: one decode a step
+        with InThread(engine, "bench", served, max_queue=4 * max(levels)) as server:
             for mode in modes:  # warm-up: the first request of a mode pays for what later ones find ready
                 run_clients(server.url, prompts[:1], 1, min(8, max_tokens), {"mode": mode})
             for n in levels:
