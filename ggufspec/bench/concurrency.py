@@ -276,7 +276,7 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
         raise GGUFSpecError("bench --concurrency sends greedy fixed-length requests: drop --temp and --natural-stop")
     levels = tuple(sorted(set(levels)))
     runs, reference = [], {}
-    for repeat in range(settings.repeats):
+    for _ in range(settings.repeats):
         rows, (paths, ngl, threads, slot) = ggufspec_rows(load, prompts, settings, levels, slot_ctx, reference, note)
         if llama_cpp_bin:
             rows += llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, settings.max_tokens, slot,

@@ -22,6 +22,15 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
                413: "invalid_request_error", 503: "unavailable_error"}
 
 
+def named_as_sent(message: str, body: dict) -> str:
+    """A setting's error as the request named it: a value sent as llama-server's `cache_prompt` or OpenAI's
+    `max_completion_tokens` is that field's in the message, not the setting's it sets."""
+    for field, setting in FIELDS.items():
+        if field != setting and field in body and message.startswith(setting + " "):
+            return field + message[len(setting):]
+    return message
+
+
 class BadRequest(Exception):
     """A request this server answers with `status` (400 unless said) and the message."""
 
@@ -93,7 +102,10 @@ class Server:
         if not isinstance(stream, bool):
             raise BadRequest(f"stream must be true or false (got {stream!r})")
         overrides = {FIELDS[k]: v for k, v in body.items() if k in FIELDS and v is not None}
-        settings = resolve_settings(self.defaults, overrides, names="fields")
+        try:
+            settings = resolve_settings(self.defaults, overrides, names="fields")
+        except GGUFSpecError as e:
+            raise GGUFSpecError(named_as_sent(str(e), body)) from None
         self._check_mode(settings.mode)
         if chat:
             if "prompt" in body:
