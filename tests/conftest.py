@@ -30,7 +30,7 @@ def isolated_session(tmp_path_factory):
         mp.setenv("XDG_CONFIG_HOME", str(base / "config"))
         mp.setenv("GGUFSPEC_MODELS_DIR", str(base / "models"))
         mp.setenv("HF_HOME", str(base / "hf"))
-        yield
+        yield base / "cache" / "ggufspec" / "costs.json"
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +43,15 @@ def quiet_cpus(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def isolated_dirs(tmp_path, monkeypatch):
-    """Every test gets its own cache, models directory and config; nothing touches the user's."""
+def isolated_dirs(tmp_path, monkeypatch, request, isolated_session):
+    """Every test gets its own cache, models directory and config; nothing touches the user's. But the slow tier's
+    tests (the real models) share one cost table per session, as module fixtures do: measuring the real Q8_0 pair
+    takes minutes on two cores, and what they prove is the text, not the measuring (tests/test_measure.py's is)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if request.node.get_closest_marker("slow"):
+        monkeypatch.setenv("GGUFSPEC_COSTS_FILE", str(isolated_session))
+    else:
+        monkeypatch.delenv("GGUFSPEC_COSTS_FILE", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("GGUFSPEC_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

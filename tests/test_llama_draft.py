@@ -176,8 +176,8 @@ def test_vocabularies_of_different_sizes_inside_llama(tmp_path, target_pad, draf
 
 
 @pytest.mark.slow
-def test_600_greedy_tokens_of_the_real_pair_are_llamas_own():
-    """600 tokens of a completion and 320 of a chat (both past 256 cached tokens), with the draft model. On CPU, llama.cpp's
+def test_greedy_tokens_of_the_real_pair_past_256_cached_are_llamas_own():
+    """360 tokens of a completion (past 256 cached tokens) and 48 of a chat, with the draft model. On CPU, llama.cpp's
     verify batch equals its one-token step bit for bit only with flash attention on and, past 256
     cached tokens, one thread (with more, a one-token step splits attention over the threads; with
     flash attention off no batch is exact): that is the configuration tested, the one the README gives
@@ -188,16 +188,16 @@ def test_600_greedy_tokens_of_the_real_pair_are_llamas_own():
     draft_path = real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 
     def run(draft):
-        llm = Llama(model_path=str(target), n_ctx=2048, n_threads=1, n_threads_batch=1, flash_attn=True,
+        llm = Llama(model_path=str(target), n_ctx=1024, n_threads=1, n_threads_batch=1, flash_attn=True,
                     draft_model=draft, verbose=False)
         if draft is not None:
             draft.attach(llm)  # measured in this Llama's own context: flash attention on, one thread
         bias = {t: -1000.0 for t in {llm.token_eos(), *llm.tokenize(b"<|im_end|><|endoftext|>", add_bos=False, special=True)}}
-        completion = llm.create_completion("def quicksort(a):", max_tokens=600, temperature=0, logit_bias=bias)
+        completion = llm.create_completion("def quicksort(a):", max_tokens=360, temperature=0, logit_bias=bias)
         chat = llm.create_chat_completion([{"role": "user", "content": "Explain how a hash map works, with an example in Python."}],
-                                          max_tokens=320, temperature=0, logit_bias=bias)  # past 256 cached tokens too
+                                          max_tokens=48, temperature=0, logit_bias=bias)
         llm.close()
-        assert completion["usage"]["completion_tokens"] == 600 and chat["usage"]["completion_tokens"] == 320
+        assert completion["usage"]["completion_tokens"] == 360 and chat["usage"]["completion_tokens"] == 48
         return completion["choices"][0]["text"], chat["choices"][0]["message"]["content"]
 
     plain = run(None)
@@ -205,8 +205,8 @@ def test_600_greedy_tokens_of_the_real_pair_are_llamas_own():
     spec = run(draft)
     assert draft.costs.exact_batch >= 2 and draft.num_pred_tokens == min(4, draft.costs.exact_batch - 1)
     assert spec == plain
-    assert draft.stats["drafted"] > 500 and draft.acceptance_rate > 0.5  # hundreds of rounds, many rewinds
-    assert draft.stats["drafted"] - draft.stats["accepted"] > 100
+    assert draft.stats["drafted"] > 150 and draft.acceptance_rate > 0.5  # many rounds, many rewinds
+    assert draft.stats["drafted"] - draft.stats["accepted"] > 30
     draft.close()
 
 
