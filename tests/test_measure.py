@@ -327,3 +327,29 @@ def test_the_drift_of_inexact_batches_is_measured_cached_and_sets_the_tie_margin
     assert costs.drift is not None and entry["drift"] == costs.drift
     assert costs.exact_batch < 16 and 0 < costs.drift < 1  # float rounding: small, not nothing
     assert Verification.of(costs).tie_margin == margin_for(costs) == max(DEFAULT_TIE_MARGIN, TIE_SAFETY * costs.drift)
+
+
+def test_batch_times_are_read_against_a_step_beside_them_not_each_sizes_luckiest_moment(monkeypatch):
+    """A VM's speed moves: here the machine runs 30% slower for the second half of the timing, and one decode of
+    3 rows catches a moment at 0.6x its time. Each size's fastest time (the old rule) set that batch at 0.6 of what
+    it costs (auto then drafts for a batch that cheap); the paired median reads the true shape through both."""
+    from ggufspec.llama import measure
+
+    true = {b: 1.0 + 0.3 * (b - 1) for b in (1, 2, 3, 4, 16, 64)}  # steps per batch of b
+    clock, calls = [0.0], [0]
+
+    class Ctx:
+        def truncate(self, n):
+            pass
+
+        def decode(self, tokens, logits="last"):
+            calls[0] += 1
+            slow = 1.3 if calls[0] > 18 else 1.0  # the second half of 3 repeats of 6 pairs
+            lucky = 0.6 if (len(tokens), calls[0]) == (3, 5) else 1.0  # the first repeat's batch of 3
+            clock[0] += 0.1 * true[len(tokens)] * slow * lucky
+
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    seconds = measure.paired_batches(Ctx(), 0, list(range(64)), sorted(true), repeats=3)
+    ratios = {b: seconds[b] / seconds[1] for b in true}
+    assert all(abs(ratios[b] / true[b] - 1) < 0.01 for b in true), ratios
+    assert calls[0] == 3 * (2 * len(true) - 1)  # each batch beside its own step; the step itself once a size

@@ -37,8 +37,7 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     gap seen in a batch that was not exact (costs.batch_drift)}. Leaves the KV cache empty.
 
     Sizes up to EXACT_MAX are each timed, longer ones at LONG_BATCHES (and max_batch); a size between
-    takes the time of the next timed one up. The sizes take turns within each repeat, so a machine
-    that slows down part way through skews no size against another; each keeps its fastest time.
+    takes the time of the next timed one up. Each is timed against a one-token step beside it (`paired_batches`).
     The drift is read where exactness ends: after the prompt where no batch is exact (and with LONG_KV tokens
     cached), else at the first cached length where exact batches stop being so.
     """
@@ -52,7 +51,7 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     tokens = prefix[8:]
     for x in tokens[:3]:  # warm-up: the first decodes page the mmapped weights in
         ctx.decode([x])
-    best = fastest_batches(ctx, base, tokens, timed, repeats)
+    best = paired_batches(ctx, base, tokens, timed, repeats)
     seconds = [best[min(b for b in timed if b >= n)] for n in range(1, max_batch + 1)]
     rows = min(max_batch, EXACT_MAX)
     exact, drift = exact_batch_at(ctx, base, rows)
@@ -73,17 +72,30 @@ def measure_target(ctx: Context, max_batch: int = MAX_BATCH, repeats: int = 3) -
     return {"seconds": seconds, "exact": exact, "exact_kv": exact_kv, "drift": drift}
 
 
-def fastest_batches(ctx: Context, base: int, tokens: list[int], sizes, repeats: int) -> dict[int, float]:
-    """{size: the fastest of `repeats` decodes of tokens[:size] after the `base` cached tokens}: the sizes take turns
-    within each repeat, so a machine that slows down part way through skews no size against another."""
-    best = {b: float("inf") for b in sizes}
+def paired_batches(ctx: Context, base: int, tokens: list[int], sizes, repeats: int) -> dict[int, float]:
+    """{size: seconds to decode tokens[:size] after the `base` cached tokens}, as what matters to planning: its
+    ratio to a one-token step. Each batch is timed right after a one-token step, and a size's time is the median of
+    its ratios to that step, times the median step. On a VM whose speed moves by a quarter from one second to the
+    next (a neighbour's memory traffic slows a step, hardly a long batch), the fastest of each size (each size's
+    luckiest moment) set a batch of 3 at 1.14 steps and one of 64 at 24 where paired timing reads about 1.5 and 20:
+    auto then drafted 2-token copies where copies of 15 paid more. The sizes take turns within each repeat."""
+    ratios: dict[int, list[float]] = {b: [] for b in sizes}
+    steps: list[float] = []
+
+    def timed(b: int) -> float:
+        ctx.truncate(base)
+        start = time.perf_counter()
+        ctx.decode(tokens[:b], logits="all")
+        return time.perf_counter() - start
+
     for _ in range(repeats):
         for b in sizes:
-            ctx.truncate(base)
-            start = time.perf_counter()
-            ctx.decode(tokens[:b], logits="all")
-            best[b] = min(best[b], time.perf_counter() - start)
-    return best
+            step = timed(1)
+            steps.append(step)
+            if b > 1:
+                ratios[b].append(timed(b) / step)
+    step = float(np.median(steps))
+    return {b: step * (float(np.median(ratios[b])) if b > 1 else 1.0) for b in sizes}
 
 
 def exact_batch_at(ctx: Context, n_past: int, max_batch: int) -> tuple[int, float]:
@@ -117,7 +129,7 @@ def measure_deep_rows(ctx: Context, seconds: list[float], repeats: int = 3) -> l
     tokens = _probe_tokens(ctx, kv + rows)
     ctx.clear()
     ctx.decode(tokens[:kv], logits="none")
-    best = fastest_batches(ctx, kv, tokens[kv:], (1, rows), repeats)
+    best = paired_batches(ctx, kv, tokens[kv:], (1, rows), repeats)
     ctx.clear()
     return [kv, max(0.0, best[rows] - best[1]) / (seconds[rows - 1] - seconds[0])]
 
@@ -166,7 +178,7 @@ def measure_draft_step(ctx: Context, n: int = 6, repeats: int = 2) -> float:
 
 
 # What this version measures, in every key: entries of other versions are never read (measured again).
-_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}|deep"
+_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}|deep|paired"
 
 
 def _key(ctx: Context) -> str:
