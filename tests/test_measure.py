@@ -96,9 +96,11 @@ def measured(tiny, n_ctx=128, **kw):
 
 def test_a_table_measured_in_a_small_context_is_measured_again_in_a_larger_one(tiny):
     small, n = measured(tiny, n_ctx=20)
-    assert len(small.target_batch_seconds) == 4 and n == 1  # -c 20: room for batches of 4
+    # (n: measured once, or twice where a scheduler hiccup made the tiny model's sub-millisecond step time again at
+    # over 3x and a millisecond more: measured again quietly, as it should be)
+    assert len(small.target_batch_seconds) == 4 and n in (1, 2)  # -c 20: room for batches of 4
     large, n = measured(tiny, n_ctx=4096)
-    assert len(large.target_batch_seconds) == 64 and n == 1  # not the 4-row table: measured again
+    assert len(large.target_batch_seconds) == 64 and n in (1, 2)  # not the 4-row table: measured again
     # what rows cost deep in the cache: none measured where the context is too short, at 512 tokens where it is not
     assert small.deep_rows is None and large.deep_rows[0] == 512 and 0 <= large.deep_rows[1] < 100
     again, n = measured(tiny, n_ctx=20)
@@ -181,7 +183,8 @@ def test_a_table_that_does_not_add_up_is_measured_again_and_never_cached(tiny, m
         assert "used for this run, not cached" in err
     else:  # a hiccup measured again, quietly
         assert "do not add up" not in err, err
-        assert len(tables) == 2 and cached[0]["target_batch_seconds"] == tables[1] == costs.target_batch_seconds
+        # the erratic table, then a real one (twice where a hiccup of the scheduler made the first look wrong too)
+        assert len(tables) in (2, 3) and cached[0]["target_batch_seconds"] == tables[-1] == costs.target_batch_seconds
         assert measure.sane(costs.target_batch_seconds, costs.target_batch_seconds[0])
 
 
