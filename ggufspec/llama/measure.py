@@ -76,9 +76,10 @@ def paired_batches(ctx: Context, base: int, tokens: list[int], sizes, repeats: i
     """{size: seconds to decode tokens[:size] after the `base` cached tokens}, as what matters to planning: its
     ratio to a one-token step. Each batch is timed right after a one-token step, and a size's time is the median of
     its ratios to that step, times the median step. On a VM whose speed moves by a quarter from one second to the
-    next (a neighbour's memory traffic slows a step, hardly a long batch), the fastest of each size (each size's
-    luckiest moment) set a batch of 3 at 1.14 steps and one of 64 at 24 where paired timing reads about 1.5 and 20:
-    auto then drafted 2-token copies where copies of 15 paid more. The sizes take turns within each repeat."""
+    next (here a step read 144 to 191 ms within a minute while a batch of 64 held at 3.36-3.39 s), the fastest of
+    each size (each size's luckiest moment) set a batch of 3 at 1.14 steps and one of 64 at 24 where paired timing
+    reads about 1.5 and 20: auto then drafted 2-token copies where copies of 15 paid more. The sizes take turns
+    within each repeat."""
     ratios: dict[int, list[float]] = {b: [] for b in sizes}
     steps: list[float] = []
 
