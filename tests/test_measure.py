@@ -356,3 +356,29 @@ def test_batch_times_are_read_against_a_step_beside_them_not_each_sizes_luckiest
     ratios = {b: seconds[b] / seconds[1] for b in true}
     assert all(abs(ratios[b] / true[b] - 1) < 0.01 for b in true), ratios
     assert calls[0] == 3 * (2 * len(true) - 1)  # each batch beside its own step; the step itself once a size
+
+
+def test_a_tiny_models_sub_millisecond_batches_are_timed_more_and_each_sizes_fastest_kept(monkeypatch):
+    """Where a step takes a fraction of a millisecond, a hiccup of the scheduler lasts as long as a batch: here the
+    step beside the batch of 64 catches one in two of the first three repeats, so its paired ratio reads 64 rows
+    cheaper than 16 (measure.sane refuses such a table). A quick model is timed QUICK_REPEATS times and each size's
+    fastest kept: the true shape."""
+    from ggufspec.llama import measure
+
+    true = {b: 1.0 + 0.3 * (b - 1) for b in (1, 2, 3, 4, 16, 64)}
+    clock, calls = [0.0], [0]
+
+    class Ctx:
+        def truncate(self, n):
+            pass
+
+        def decode(self, tokens, logits="last"):
+            calls[0] += 1
+            hiccup = 2e-3 if calls[0] in (10, 21) else 0.0  # the step before the batch of 64, repeats 1 and 2
+            clock[0] += 2e-4 * true[len(tokens)] + hiccup
+
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    seconds = measure.paired_batches(Ctx(), 0, list(range(64)), sorted(true), repeats=3)
+    ratios = {b: seconds[b] / seconds[1] for b in true}
+    assert all(abs(ratios[b] / true[b] - 1) < 0.01 for b in true), ratios
+    assert calls[0] == measure.QUICK_REPEATS * (2 * len(true) - 1)
