@@ -760,3 +760,42 @@ def test_concurrency_repeats_run_each_round_and_show_the_spread(tiny):
     head, line = r.stdout.splitlines()[:3:2]
     assert "min-max" in head.split() and line.split()[:4] == ["ggufspec", "target", "1", "2"], r.stdout
     assert "each row the median of 2 runs taking turns" in r.stdout
+
+
+def test_llama_cpps_runs_take_turns_with_ggufspecs_on_each_prompt_and_repeat(tiny, tmp_path, monkeypatch):
+    """On a VM whose speed moves by a quarter within minutes, llama.cpp's rows run after all of ggufspec's met
+    another machine. Each speculative-simple configuration is one more turn on every prompt, the order reversed
+    every other repeat, and --repeats gives its row a median and range as ggufspec's rows have."""
+    from ggufspec.bench import runs as bench_runs
+
+    log = tmp_path / "calls"
+    bin_dir = fake_llama_cpp(tmp_path / "bin", llama_bench=GOOD_LLAMA_BENCH, llama_speculative_simple=(
+        'while [ $# -gt 0 ]; do [ "$1" = "--spec-type" ] && T=$2; [ "$1" = "-p" ] && P=$2; shift; done\n'
+        f'N=$(wc -l < {log} 2>/dev/null || echo 0); echo "spec $T" >> {log}\n'
+        "printf '%s' \"$P\"; echo ' text'\n"
+        'echo "decoded   16 tokens in    $((1 + N % 2)).000 seconds, speed: 8.0 t/s" >&2\n'
+        "echo 'n_drafted = 10' >&2\necho 'n_accept  = 7' >&2\n"))
+    real = bench_runs.run_one
+
+    def ours(engine, config, tokens, settings):
+        with log.open("a") as f:
+            f.write(f"ours {config.mode}\n")
+        return real(engine, config, tokens, settings)
+
+    monkeypatch.setattr(bench_runs, "run_one", ours)
+    from ggufspec.bench.benchmark import benchmark
+    from ggufspec.bench.runs import BenchSettings
+    from ggufspec.models.resolve import LoadOptions
+
+    prompts = load_suite("code")[:2]
+    result = benchmark(LoadOptions(target=str(tiny["target"])), prompts,
+                       BenchSettings(modes=("target", "lookup"), max_tokens=4, repeats=2, warmup=0),
+                       llama_cpp_bin=str(bin_dir))
+    calls = log.read_text().split("\n")[:-1]
+    ngram = [f"spec {t}" for t in ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")]
+    one_prompt = ["ours target", "ours lookup", *ngram]
+    assert calls == one_prompt * 2 + one_prompt[::-1] * 2  # per prompt, ggufspec's and llama.cpp's turns
+    ref = next(r for r in result.rows if r["mode"] == "llama.cpp-ngram-simple")
+    assert ref["repeats"] == 2 and ref["n_generated"] == 64 and ref["n_asked"] == 16
+    # calls 3 and 9 (1 s each: 32 tokens in 2 s), then 16 and 22 of the reversed repeat (2 s each: in 4 s)
+    assert (ref["tokens_per_second"], ref["tokens_per_second_min"], ref["tokens_per_second_max"]) == (12, 8, 16)

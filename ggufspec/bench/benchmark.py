@@ -77,23 +77,21 @@ def _reference_depths(engine: Engine, prompts: list[Prompt], by: str) -> dict[st
 
 
 def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by: str):
-    """(prompt texts by group, ggufspec's target speed by group, (label, target-only text's bytes, as llama.cpp
-    prints them: special tokens as their text) by group) for llama.cpp's rows: by suite when the table is, else
-    over all prompts. A text is compared up to its first end-of-generation token: past it llama.cpp's --ignore-eos
+    """(prompts by group, ggufspec's target speed by group, the target-only text's bytes per prompt, as llama.cpp
+    prints them: special tokens as their text) for llama.cpp's rows: by suite when the table is, else over all
+    prompts. A text is compared up to its first end-of-generation token: past it llama.cpp's --ignore-eos
     and ggufspec's part ways (llama.cpp never picks that token; ggufspec writes it and goes on)."""
     key = _group_key(by)
-    groups: dict[str, list[str]] = {}
-    texts: dict[str, list[tuple[str, bytes | None]]] = {}
+    groups: dict[str, list[Prompt]] = {}
     model = engine.target_model
 
     def until_end(tokens: list[int]) -> bytes:
         end = next((i for i, t in enumerate(tokens) if model.eog_mask[t]), len(tokens))
         return b"".join(model.token_to_piece(t, special=True) for t in tokens[:end])
 
-    mine = {r.prompt: until_end(r.tokens) for r in runs if r.config.mode == "target" and r.repeat == 0}
+    texts = {r.prompt: until_end(r.tokens) for r in runs if r.config.mode == "target" and r.repeat == 0}
     for p in prompts:
-        groups.setdefault(key(p), []).append(prompt_text(engine, p))
-        texts.setdefault(key(p), []).append((p.label, mine.get(p)))
+        groups.setdefault(key(p), []).append(p)
     target_tps = {}
     for group in groups:
         rs = [r for r in runs if r.config.mode == "target" and key(r.prompt) == group]
@@ -104,6 +102,7 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
 def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress, notes: list):
     from ..models.resolve import merge_pair_settings, open_engine
     from .reference import llama_bench_before, placement, reference_rows
+    from .reference_runs import ReferenceRunner
 
     engine, pair_defaults = open_engine(load)
     with engine:
@@ -124,18 +123,24 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
                                         placement(engine, "llama-bench"))
         runs: list[Run] = []
         interrupted = False
+        others = None  # llama.cpp's speculative-simple configurations, one more turn each on every prompt
+        if llama_cpp_bin:
+            others = ReferenceRunner(llama_cpp_bin, engine, settings.max_tokens, settings.draft_lengths,
+                                     lambda p: prompt_text(engine, p), notes.append)
         try:
-            run(engine, prompts, settings, runs, progress=progress)
+            run(engine, prompts, settings, runs, progress=progress, others=others.references if others else [],
+                run_other=others)
         except KeyboardInterrupt:
             interrupted = True
         out = rows(runs, engine, settings, by=by)
         try:  # from here on an interrupt keeps what is done (the rows above, llama.cpp's finished ones)
             explain_divergences(out, runs, engine)
-            if llama_cpp_bin and not interrupted:
+            if llama_cpp_bin:
                 groups, target_tps, texts = _reference_groups(engine, prompts, runs, by)
-                reference_rows(llama_cpp_bin, engine, groups, settings.max_tokens, settings.draft_lengths, target_tps,
-                               into=out, note=notes.append, llama_bench_before=before,
-                               llama_bench_again=before is not None, depths=depths, target_texts=texts)
+                reference_rows(llama_cpp_bin, engine, list(groups), settings.max_tokens, target_tps, into=out,
+                               note=notes.append, llama_bench_before=before,
+                               llama_bench_again=before is not None and not interrupted, depths=depths,
+                               speculative=lambda g: others.rows(g, groups[g], target_tps.get(g), texts))
         except KeyboardInterrupt:
             interrupted = True
         if interrupted and partial_note(out):

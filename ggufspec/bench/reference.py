@@ -8,7 +8,6 @@ print. Build them from the same llama.cpp release as the installed llama-cpp-pyt
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -228,25 +227,22 @@ def same_text(ours, theirs) -> bool | None:
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 
-def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_tokens: int, draft_max: tuple[int, ...],
-                   target_tps: dict[str, float | None], *, into: list, note=warn, llama_bench_before: dict | None = None,
-                   llama_bench_again: bool = True, depths: dict[str, int] | None = None,
-                   target_texts: dict[str, list[tuple[str, str | None]]] | None = None) -> list[dict]:
-    """Rows shaped like bench rows, for llama.cpp's programs on the same work: per group of prompts
-    (a suite, or "all"), speeds against that group's ggufspec target row. Each row is appended to `into` as it
-    is made (an interrupt keeps the finished ones); a program that fails or prints what is not understood
-    leaves its row out with one line through note(); one that runs past the time limit is not called again.
+def reference_rows(bin_dir: str | Path, engine, groups: list[str], n_tokens: int, target_tps: dict[str, float | None],
+                   *, into: list, note=warn, llama_bench_before: dict | None = None, llama_bench_again: bool = True,
+                   depths: dict[str, int] | None = None, speculative=None) -> list[dict]:
+    """Rows shaped like bench rows, for llama.cpp's programs on the same work: per group of prompts (a suite, or
+    "all"), llama-bench's row, then speculative-simple's (`speculative(group)`: rows of the runs that took turns
+    with ggufspec's, `reference_runs`), speeds against that group's ggufspec target row. Each row is appended to
+    `into` as it is made; llama-bench failing leaves its row out with one line through note().
 
     depths: per group, the cached tokens llama-bench generates after (the group's mean prompt length).
     llama_bench_before: llama-bench's results ({depth: ...}) taken before ggufspec's own runs; with the
     ones taken now they bracket them, so the row shows how much the machine drifted meanwhile.
-    llama_bench_again: False where llama-bench failed before the runs (its note given): it is not run again.
-    target_texts: per group, (label, ggufspec's target-only text) of each prompt: speculative-simple's rows say
-    whether its greedy text was the same (it decodes the last prompt token by itself, so at a near-tie
-    it writes another text, and its speed is then on other work).
+    llama_bench_again: False where llama-bench failed before the runs (its note given), or the runs were
+    interrupted: it is not run again.
     """
-    bin_dir, target, flags = Path(bin_dir), engine.target_model.path, placement(engine, "llama-speculative-simple")
-    threads, n_ctx = engine.target_ctx.n_threads, engine.n_ctx
+    bin_dir, target = Path(bin_dir), engine.target_model.path
+    threads = engine.target_ctx.n_threads
     depths = depths or {group: 0 for group in groups}
     after = None
     try:
@@ -255,12 +251,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
     except GGUFSpecError as e:
         note(f"{e}; llama-bench's row shows only its run before ggufspec's" if llama_bench_before else
              f"{e}; llama-bench's row is left out")
-    configs = _speculative_configs(engine, draft_max)
-    if getattr(engine, "bridge", None) is not None:  # ggufspec drafts through text; llama.cpp refuses the pair
-        note(f"llama.cpp's speculative-simple drafts only with a draft of the target's vocabulary "
-             f"({engine.vocab_difference}): its draft-simple rows are left out")
-    failed: set = set()  # speculative-simple's types that failed: not run again
-    for group, texts in groups.items():
+    for group in groups:
         depth = depths[group]
         tg = [r[depth]["tokens_per_second"] for r in (llama_bench_before, after) if r and depth in r]
         if tg:
@@ -268,24 +259,7 @@ def reference_rows(bin_dir: str | Path, engine, groups: dict[str, list[str]], n_
                        target_tps.get(group), None, group)
             row.update(tokens_per_second_min=min(tg), tokens_per_second_max=max(tg), depth=depth)
             into.append(row)
-        ours = (target_texts or {}).get(group) or [(None, None)] * len(texts)
-        for spec_type, k, second in configs:
-            if (spec_type, k) in failed or "hung" in failed:
-                continue
-            run_one = functools.partial(speculative_simple, bin_dir, target, second, n_tokens=n_tokens, threads=threads,
-                                        n_ctx=n_ctx, draft_max=k or max(draft_max), spec_type=spec_type, placement=flags)
-            try:
-                row = _speculative_row(run_one, texts, ours, spec_type, k, target_tps.get(group), group, note, n_tokens)
-            except ProgramHung as e:
-                note(f"{e}; llama.cpp's speculative-simple rows from here on are left out")
-                failed.add("hung")
-                continue
-            except GGUFSpecError as e:
-                note(f"{e}; its rows are left out")
-                failed.add((spec_type, k))
-                continue
-            if row is not None:
-                into.append(row)
+        into += speculative(group) if speculative else []
     return into
 
 
@@ -327,28 +301,6 @@ def _speculative_configs(engine, draft_max: tuple[int, ...]) -> list[tuple[str, 
             configs += [(f"draft-{name}", min(k, getattr(heads[name], "max_draft", None) or k), engine.head_model.path)
                         for k in draft_max]
     return configs + [(t, None, None) for t in NGRAM_TYPES]
-
-
-def _speculative_row(run_one, texts: list[str], ours: list, spec_type: str, k: int | None, target_tps: float | None,
-                     group: str, note, n_tokens: int) -> dict | None:
-    """speculative-simple's row over a group's prompts (run_one(prompt_text) runs one); None if it crashed twice.
-    It says the tokens decoded beside those asked (n_tokens a prompt): its last draft may run past -n."""
-    runs = []
-    for text in texts:
-        runs.append(_run_twice(lambda: run_one(prompt_text=text), note))
-        if runs[-1] is None:
-            return None
-    tps = sum(r["n_generated"] for r in runs) / max(1e-9, sum(r["seconds"] for r in runs))
-    drafted, accepted = sum(r["n_drafted"] for r in runs), sum(r["n_accepted"] for r in runs)
-    label = f"{DRAFTERS.get(spec_type, 'draft model')} (draft-max {k})" if k else spec_type
-    row = _row(f"llama.cpp speculative-simple, {label}", f"llama.cpp-{spec_type}", k, tps, target_tps,
-               accepted / drafted if drafted else None, group)
-    row.update(n_generated=sum(r["n_generated"] for r in runs), n_asked=n_tokens * len(texts))
-    same = [(label, same_text(mine, r["text"])) for (label, mine), r in zip(ours, runs)]
-    if all(x is not None for _, x in same):
-        other = [label for label, x in same if not x]  # prompts where llama.cpp wrote another text
-        row.update(identical_to_target=not other, other_text=other, divergence={"prompt": other[0]} if other else None)
-    return row
 
 
 def _row(label: str, mode: str, draft_max, tps: float, target_tps: float | None, alpha, group: str = "all") -> dict:
