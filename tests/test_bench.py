@@ -799,3 +799,8 @@ def test_llama_cpps_runs_take_turns_with_ggufspecs_on_each_prompt_and_repeat(tin
     assert ref["repeats"] == 2 and ref["n_generated"] == 64 and ref["n_asked"] == 16
     # calls 3 and 9 (1 s each: 32 tokens in 2 s), then 16 and 22 of the reversed repeat (2 s each: in 4 s)
     assert (ref["tokens_per_second"], ref["tokens_per_second_min"], ref["tokens_per_second_max"]) == (12, 8, 16)
+    from ggufspec.bench.report import bench_footer
+    from ggufspec.llama.backend import machine
+
+    cpu = machine()["summary"]["cpu"]  # every figure with the CPU it was measured on
+    assert bench_footer(result.meta).startswith(f"{cpu}, {result.meta['threads']} thread")

@@ -100,6 +100,7 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
 
 
 def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress, notes: list):
+    from ..llama.backend import machine
     from ..models.resolve import merge_pair_settings, open_engine
     from .reference import llama_bench_before, placement, reference_rows
     from .reference_runs import ReferenceRunner
@@ -157,7 +158,8 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
             "draft": str(engine.draft_model.path) if engine.draft_model else None,
             "n_prompts": len(prompts), "max_tokens": settings.max_tokens, "repeats": settings.repeats,
             "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
-            "threads": engine.target_ctx.n_threads, "exact_batch": verification.exact_batch, "exact": verification.exact,
+            "threads": engine.target_ctx.n_threads, "machine": machine()["summary"]["cpu"],
+            "exact_batch": verification.exact_batch, "exact": verification.exact,
             "costs": engine.costs.report(verification.batch_limit(), engine.target_model.info.file_type) if engine.costs else None,
             "placement": engine.weights(), "interrupted": interrupted, "outputs_error": outputs_error,
             "prefill": "reused" if settings.reuse_prompt else "cold", "n_batch": engine.target_ctx.n_batch,

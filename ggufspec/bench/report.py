@@ -118,11 +118,12 @@ def bench_table(rows: list[dict], *, grouped: bool, wide: bool = False, as_markd
 
 
 def bench_footer(meta: dict) -> str:
-    """The measured costs and the ceiling under the table (for each -ngl value of a sweep)."""
+    """The machine, then the measured costs and the ceiling under the table (for each -ngl value of a sweep)."""
+    where = f"{meta['machine']}, {plural(meta['threads'], 'thread')}\n" if meta.get("machine") else ""
     if meta.get("sweep"):
-        return "\n".join(f"-ngl {m['n_gpu_layers']} ({', '.join(k for k in m['placement']['target'])}): "
-                         + _costs_line(m) for m in meta["sweep"])
-    return _costs_line(meta)
+        return where + "\n".join(f"-ngl {m['n_gpu_layers']} ({', '.join(k for k in m['placement']['target'])}): "
+                                  + _costs_line(m) for m in meta["sweep"])
+    return where + _costs_line(meta)
 
 
 def auto_footer(rows: list[dict]) -> str:
