@@ -100,7 +100,6 @@ def _reference_groups(engine: Engine, prompts: list[Prompt], runs: list[Run], by
 
 
 def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, outputs_dir, progress, notes: list):
-    from ..llama.backend import machine
     from ..models.resolve import merge_pair_settings, open_engine
     from .reference import llama_bench_before, placement, reference_rows
     from .reference_runs import ReferenceRunner
@@ -152,16 +151,25 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
                 save_outputs(runs, outputs_dir)
             except GGUFSpecError as e:  # the table must not be lost with the texts
                 outputs_error = str(e)
-        verification = engine.verification(settings.generation.get("exact"))
-        meta = {
-            "pair": pair_defaults.get("name"), "target": str(engine.target_model.path),
-            "draft": str(engine.draft_model.path) if engine.draft_model else None,
-            "n_prompts": len(prompts), "max_tokens": settings.max_tokens, "repeats": settings.repeats,
-            "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
-            "threads": engine.target_ctx.n_threads, "machine": machine()["summary"]["cpu"],
-            "exact_batch": verification.exact_batch, "exact": verification.exact,
-            "costs": engine.costs.report(verification.batch_limit(), engine.target_model.info.file_type) if engine.costs else None,
-            "placement": engine.weights(), "interrupted": interrupted, "outputs_error": outputs_error,
-            "prefill": "reused" if settings.reuse_prompt else "cold", "n_batch": engine.target_ctx.n_batch,
-        }
+        meta = _meta(engine, settings, pair_defaults.get("name"), len(prompts))
+        meta.update(interrupted=interrupted, outputs_error=outputs_error)
     return out, meta, interrupted
+
+
+def _meta(engine: Engine, settings: BenchSettings, pair: str | None, n_prompts: int) -> dict:
+    """What the table's header and footer say of the run: the models, settings, machine, costs and placement."""
+    from ..llama.backend import machine
+
+    verification = engine.verification(settings.generation.get("exact"))
+    costs = engine.costs
+    return {
+        "pair": pair, "target": str(engine.target_model.path),
+        "draft": str(engine.draft_model.path) if engine.draft_model else None,
+        "n_prompts": n_prompts, "max_tokens": settings.max_tokens, "repeats": settings.repeats,
+        "warmup": settings.warmup, "greedy": settings.greedy, "settings": settings.generation,
+        "threads": engine.target_ctx.n_threads, "machine": machine()["summary"]["cpu"],
+        "exact_batch": verification.exact_batch, "exact": verification.exact,
+        "costs": costs.report(verification.batch_limit(), engine.target_model.info.file_type) if costs else None,
+        "placement": engine.weights(), "prefill": "reused" if settings.reuse_prompt else "cold",
+        "n_batch": engine.target_ctx.n_batch,
+    }
