@@ -128,8 +128,7 @@ def _bench_one(load, prompts, settings: BenchSettings, by, llama_cpp_bin, output
             others = ReferenceRunner(llama_cpp_bin, engine, settings.max_tokens, settings.draft_lengths,
                                      lambda p: prompt_text(engine, p), notes.append)
         try:
-            run(engine, prompts, settings, runs, progress=progress, others=others.references if others else [],
-                run_other=others)
+            run(engine, prompts, settings, runs, progress=progress, others=others)
         except KeyboardInterrupt:
             interrupted = True
         out = rows(runs, engine, settings, by=by)

@@ -191,16 +191,17 @@ class Progress:
 
 
 def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: list[Run], progress=None,
-        others: list = (), run_other=None) -> list[Run]:
+        others=None) -> list[Run]:
     """Append every counted run to `runs` as it finishes (so an interrupt keeps what was done);
-    `progress(Progress)` after each (warm-up runs count in the total). others: configurations of other programs
-    (each with a `label`), one more turn each on every prompt and repeat, run by run_other(other, prompt, repeat)
-    (which keeps what it ran: llama.cpp's speculative-simple, `reference_runs`)."""
+    `progress(Progress)` after each (warm-up runs count in the total). others: other programs' configurations
+    (`others.references`, each with a `label`), one more turn each on every prompt and repeat, each run by
+    others(reference, prompt, repeat), which keeps what it ran (llama.cpp's speculative-simple: `reference_runs`)."""
+    extra = others.references if others is not None else []
     configs = plan(settings, engine.draft_model is not None, set(engine.heads), engine.target_model.path.name)
     tokenized = tokenized_prompts(engine, prompts, settings.max_tokens)
     proc = psutil.Process()
     total = (len(configs) * (settings.warmup + settings.repeats * len(prompts))
-             + len(others) * settings.repeats * len(prompts))
+             + len(extra) * settings.repeats * len(prompts))
     start, done = time.perf_counter(), 0
 
     def one(config, prompt, tokens, repeat=None):
@@ -211,7 +212,7 @@ def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: li
                 runs.append(Run(config, prompt, repeat, result.tokens, result.text, result.stats,
                                 proc.memory_info().rss))
         else:
-            run_other(config, prompt, repeat)
+            others(config, prompt, repeat)
         done += 1
         if progress:
             progress(Progress(done, total, config, prompt, time.perf_counter() - start))
@@ -221,7 +222,7 @@ def run(engine: Engine, prompts: list[Prompt], settings: BenchSettings, runs: li
             one(config, tokenized[0][0], tokenized[0][1])
     for repeat in range(settings.repeats):
         for prompt, tokens in tokenized:
-            for config in turns([*configs, *others], repeat):
+            for config in turns([*configs, *extra], repeat):
                 one(config, prompt, tokens, repeat)
     return runs
 
