@@ -332,13 +332,8 @@ def test_the_drift_of_inexact_batches_is_measured_cached_and_sets_the_tie_margin
     assert Verification.of(costs).tie_margin == margin_for(costs) == max(DEFAULT_TIE_MARGIN, TIE_SAFETY * costs.drift)
 
 
-def test_batch_times_are_read_against_a_step_beside_them_not_each_sizes_luckiest_moment(monkeypatch):
-    """A VM's speed moves: here the machine runs 30% slower for the second half of the timing, and one decode of
-    3 rows catches a moment at 0.6x its time. Each size's fastest time (the old rule) set that batch at 0.6 of what
-    it costs (auto then drafts for a batch that cheap); the paired median reads the true shape through both."""
-    from ggufspec.llama import measure
-
-    true = {b: 1.0 + 0.3 * (b - 1) for b in (1, 2, 3, 4, 16, 64)}  # steps per batch of b
+def clocked(monkeypatch, measure, cost):
+    """A context whose decodes take cost(call number from 1, tokens) seconds on measure's clock; (it, [calls])."""
     clock, calls = [0.0], [0]
 
     class Ctx:
@@ -347,12 +342,27 @@ def test_batch_times_are_read_against_a_step_beside_them_not_each_sizes_luckiest
 
         def decode(self, tokens, logits="last"):
             calls[0] += 1
-            slow = 1.3 if calls[0] > 18 else 1.0  # from the middle of the second repeat on (of 33 decodes: 11 a repeat)
-            lucky = 0.6 if (len(tokens), calls[0]) == (3, 5) else 1.0  # the first repeat's batch of 3
-            clock[0] += 0.1 * true[len(tokens)] * slow * lucky
+            clock[0] += cost(calls[0], len(tokens))
 
     monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
-    seconds = measure.paired_batches(Ctx(), 0, list(range(64)), sorted(true), repeats=3)
+    return Ctx(), calls
+
+
+def test_batch_times_are_read_against_a_step_beside_them_not_each_sizes_luckiest_moment(monkeypatch):
+    """A VM's speed moves: here the machine runs 30% slower for the second half of the timing, and one decode of
+    3 rows catches a moment at 0.6x its time. Each size's fastest time (the old rule) set that batch at 0.6 of what
+    it costs (auto then drafts for a batch that cheap); the paired median reads the true shape through both."""
+    from ggufspec.llama import measure
+
+    true = {b: 1.0 + 0.3 * (b - 1) for b in (1, 2, 3, 4, 16, 64)}  # steps per batch of b
+
+    def cost(call, n):
+        slow = 1.3 if call > 18 else 1.0  # from the middle of the second repeat on (of 33 decodes: 11 a repeat)
+        lucky = 0.6 if (n, call) == (3, 5) else 1.0  # the first repeat's batch of 3
+        return 0.1 * true[n] * slow * lucky
+
+    ctx, calls = clocked(monkeypatch, measure, cost)
+    seconds = measure.paired_batches(ctx, 0, list(range(64)), sorted(true), repeats=3)
     ratios = {b: seconds[b] / seconds[1] for b in true}
     assert all(abs(ratios[b] / true[b] - 1) < 0.01 for b in true), ratios
     assert calls[0] == 3 * (2 * len(true) - 1)  # each batch beside its own step; the step itself once a size
@@ -366,19 +376,12 @@ def test_a_tiny_models_sub_millisecond_batches_are_timed_more_and_each_sizes_fas
     from ggufspec.llama import measure
 
     true = {b: 1.0 + 0.3 * (b - 1) for b in (1, 2, 3, 4, 16, 64)}
-    clock, calls = [0.0], [0]
 
-    class Ctx:
-        def truncate(self, n):
-            pass
+    def cost(call, n):
+        return 2e-4 * true[n] + (2e-3 if call in (10, 21) else 0.0)  # the step before the 64, repeats 1 and 2
 
-        def decode(self, tokens, logits="last"):
-            calls[0] += 1
-            hiccup = 2e-3 if calls[0] in (10, 21) else 0.0  # the step before the batch of 64, repeats 1 and 2
-            clock[0] += 2e-4 * true[len(tokens)] + hiccup
-
-    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
-    seconds = measure.paired_batches(Ctx(), 0, list(range(64)), sorted(true), repeats=3)
+    ctx, calls = clocked(monkeypatch, measure, cost)
+    seconds = measure.paired_batches(ctx, 0, list(range(64)), sorted(true), repeats=3)
     ratios = {b: seconds[b] / seconds[1] for b in true}
     assert all(abs(ratios[b] / true[b] - 1) < 0.01 for b in true), ratios
     assert calls[0] == measure.QUICK_REPEATS * (2 * len(true) - 1)
