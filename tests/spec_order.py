@@ -59,6 +59,7 @@ def assert_counts_equal_llama_cpps(ctx, head, target_file, draft_file, prompt: s
     drafted, accepted, _ = run_with(ctx, head, prompt, draft_max, n)
     assert 0 < theirs["n_accepted"] < theirs["n_drafted"]
     assert (drafted, accepted) == (theirs["n_drafted"], theirs["n_accepted"])
+    assert 0 < theirs["seconds_to_n"] <= theirs["seconds"]  # its log's rounds add up to what it decoded
 
 def reference_bin(program: str = "llama-speculative-simple") -> Path:
     """A program of the llama.cpp this llama-cpp-python wraps, from ../shared/tools/llama-cpp-reference's build

@@ -165,6 +165,31 @@ def test_a_note_says_where_speculative_simple_decoded_past_the_tokens_asked():
         "past -n) and its tok/s counts them all; counted up to -n: 12.8 tok/s (1.70x)"]
 
 
+def test_a_row_counted_to_n_is_charged_for_the_rounds_up_to_n_only():
+    """speculative-simple's rounds end at -n, then its loop runs one more whose n-gram draft nothing cut (48 tokens
+    here): by its log's times the 9 tokens asked were out at 1.5 s of its 2.5, so its row reads 6 tok/s where all
+    57 over all its time read 22.8. A log that does not show every round leaves the whole time (None)."""
+    from ggufspec.bench.reference import seconds_to
+    from ggufspec.bench.reference_runs import _speed
+    from ggufspec.bench.rows import overshoot_notes
+
+    def line(at, accepted):
+        return f"0.{int(at):02d}.{round(at % 1 * 1000):03d}.000 D accepted {accepted}/{accepted} draft tokens, the last"
+
+    log = "\n".join(["0.00.500.000 I llama_context: n_ctx = 512", line(1.0, 0), line(1.5, 3), line(2.0, 3),
+                     line(3.0, 47), "0.03.000.100 I decoded   57 tokens in    2.500 seconds, speed: 22.8 t/s"])
+    assert seconds_to(log, 9, 57, 2.5) == 1.5
+    assert seconds_to(log, 200, 57, 2.5) == 2.5  # never reached: all of it
+    assert seconds_to(log, 9, 58, 2.5) is None and seconds_to("decoded 57 tokens", 9, 57, 2.5) is None
+    run = {"n_generated": 57, "seconds": 2.5, "seconds_to_n": 1.5}
+    assert (_speed([run], 9), _speed([run])) == (6.0, 22.8)
+    row = dict(_row("llama.cpp speculative-simple, ngram-simple", 6.0, 6.0, 6.0, "fix"), reference=True,
+               n_generated=57, n_asked=9, counted_to_n=True, tokens_per_second_all=22.8)
+    assert overshoot_notes([row]) == [
+        "fix: llama.cpp speculative-simple, ngram-simple decoded 57 tokens for the 9 asked (its last draft runs past "
+        "-n); its tok/s counts the 9 over the time until they were out; all 57 over all its time: 22.8 tok/s"]
+
+
 def test_a_default_bench_shows_no_range_for_one_repeat_and_says_so(tiny):
     r = bench("-m", tiny["target"], "--suite", "code", "--limit", "1", "-n", "4", "--modes", "target,lookup")
     assert r.exit_code == 0, r.output

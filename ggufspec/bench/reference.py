@@ -154,7 +154,7 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
     so a prompt of code holding `"\\n"` would be another prompt. placement: its flags for the engine's layers."""
     cmd = [str(_program(bin_dir, "llama-speculative-simple")), "-m", str(target), "-p", prompt_text, "-n", str(n_tokens),
            "--spec-type", spec_type, "--spec-draft-n-max", str(draft_max), "-t", str(threads), "--temp", "0",
-           "-c", str(n_ctx), "--ignore-eos", "--no-escape", *placement]
+           "-c", str(n_ctx), "--ignore-eos", "--no-escape", *ROUND_LOG, *placement]
     if draft is not None and spec_type.startswith("draft-"):  # draft-mtp's is a sibling mtp-*.gguf, where given
         cmd[3:3] = ["-md", str(draft)]
     start = time.monotonic()
@@ -173,9 +173,37 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
         raise GGUFSpecError(f"llama-speculative-simple ({spec_type}) {said}: {_last_line(text)}")
     drafted = re.search(r"n_drafted\s*=\s*(\d+)", text)
     accepted = re.search(r"n_accept\s*=\s*(\d+)", text)
-    return {"n_generated": int(m.group(1)), "seconds": float(m.group(2)),
+    n_generated, seconds = int(m.group(1)), float(m.group(2))
+    return {"n_generated": n_generated, "seconds": seconds,
             "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accepted": int(accepted.group(1)) if accepted else 0,
+            "seconds_to_n": seconds_to(text, n_tokens, n_generated, seconds),
             "text": generated_text(stdout, prompt_text.encode("utf-8", "surrogateescape"))}
+
+
+# speculative-simple's loop stops after the round that passes -n, and a draft it asks for with no tokens left to
+# draft (its budget -n minus what it has, minus one, is 0 once a round ends at -n or one short of it) is not cut:
+# its n-gram drafters then verify a whole 48-64 token draft as the last round, which -n did not ask for (llama-server
+# drafts nothing there). Its debug log (-lv 5) prints each round's accepted count, with a time: where the rounds
+# are all there, a row counts the -n tokens asked over the time until the round that brought them ended.
+ROUND_LOG = ("-lv", "5", "--log-timestamps", "--log-prefix")
+_ROUND = re.compile(r"^(?:\x1b\[[0-9;]*m)?(\d+)\.(\d+)\.(\d+)\.(\d+)\S* (?:\x1b\[[0-9;]*m)?D (?:\x1b\[[0-9;]*m)?"
+                    r"accepted (\d+)/\d+ draft tokens", re.M)
+
+
+def seconds_to(log: str, n_tokens: int, n_generated: int, seconds: float) -> float | None:
+    """The seconds speculative-simple took until its round that brought the tokens to n_tokens ended: its whole
+    time less the rounds after that one (by the log's times). None where the log does not show every round (their
+    tokens do not add up to what it decoded)."""
+    rounds = [(int(mi) * 60 + int(s) + int(ms) / 1e3 + int(us) / 1e6, int(a) + 1)
+              for mi, s, ms, us, a in _ROUND.findall(log)]
+    if not rounds or sum(n for _, n in rounds) != n_generated:
+        return None
+    total = 0
+    for at, n in rounds:
+        total += n
+        if total >= n_tokens:
+            return max(0.0, seconds - (rounds[-1][0] - at))
+    return seconds
 
 
 class ProgramDied(GGUFSpecError):

@@ -88,8 +88,10 @@ class ReferenceRunner:
     def rows(self, group: str, prompts: list[Prompt], target_tps: float | None,
              ours: dict[Prompt, str | bytes | None]) -> list[dict]:
         """The group's rows, each over the repeats in which it finished every prompt of the group: the median of
-        their tok/s (tokens decoded over seconds, summed over the prompts) and their range. ours: ggufspec's
-        target-only text per prompt, which each prompt's first run is compared with."""
+        their tok/s and their range. A repeat's tok/s sums its prompts' runs: each run's tokens up to -n over its
+        time until they were out, where its log shows its rounds (else all it decoded over all its time; the
+        row's `counted_to_n` says which). ours: ggufspec's target-only text per prompt, which each prompt's first
+        run is compared with."""
         out = []
         for ref in self.references:
             if ref in self.failed:
@@ -101,14 +103,15 @@ class ReferenceRunner:
             done = {k: v for k, v in sorted(by_repeat.items()) if len(v) == len(prompts)}
             if not done:
                 continue
-            speeds = [sum(x["n_generated"] for x in v.values()) / max(1e-9, sum(x["seconds"] for x in v.values()))
-                      for v in done.values()]
             results = [x for v in done.values() for x in v.values()]
+            to_n = all(x.get("seconds_to_n") is not None for x in results)
+            speeds = [_speed(v.values(), self.n_tokens if to_n else None) for v in done.values()]
             drafted, accepted = sum(x["n_drafted"] for x in results), sum(x["n_accepted"] for x in results)
             row = _row(ref.label, ref.mode, ref.draft_max, statistics.median(speeds), target_tps,
                        accepted / drafted if drafted else None, group)
             row.update(tokens_per_second_min=min(speeds), tokens_per_second_max=max(speeds), repeats=len(done),
-                       n_generated=sum(x["n_generated"] for x in results), n_asked=self.n_tokens * len(results))
+                       n_generated=sum(x["n_generated"] for x in results), n_asked=self.n_tokens * len(results),
+                       counted_to_n=to_n, tokens_per_second_all=statistics.median([_speed(v.values()) for v in done.values()]))
             first = next(iter(done.values()))
             same = [(p.label, same_text(ours.get(p), first[p]["text"])) for p in prompts]
             if all(x is not None for _, x in same):
@@ -117,3 +120,13 @@ class ReferenceRunner:
                            divergence={"prompt": other[0]} if other else None)
             out.append(row)
         return out
+
+
+def _speed(results, n_tokens: int | None = None) -> float:
+    """Tokens over seconds, summed over a repeat's prompts: with n_tokens, each run's first n_tokens over its time
+    until they were out (`reference.seconds_to`); else all it decoded over all its time."""
+    if n_tokens is None:
+        tokens, seconds = zip(*((x["n_generated"], x["seconds"]) for x in results))
+    else:
+        tokens, seconds = zip(*((min(x["n_generated"], n_tokens), x["seconds_to_n"]) for x in results))
+    return sum(tokens) / max(1e-9, sum(seconds))

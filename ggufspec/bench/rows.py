@@ -163,18 +163,23 @@ def noise_notes(rows_: list[dict]) -> list[str]:
 
 def overshoot_notes(rows_: list[dict]) -> list[str]:
     """Lines naming llama.cpp's rows that decoded well past -n: speculative-simple does not cut its last draft at
-    the end (llama-server does, and so does ggufspec), so its tok/s counts tokens no run of this length asked for,
-    decoded in one batch; counted up to -n over the same seconds, it is charged for that last batch instead."""
+    the end (llama-server does, and so does ggufspec). Where its log showed its rounds, its row counts the tokens
+    asked over the time until they were out, and the line gives all it decoded over all its time; else the row
+    counts them all, and the line gives the tokens asked over the same seconds (charged for that last batch)."""
     out = []
     for r in rows_:
         asked, got = r.get("n_asked"), r.get("n_generated")
         if not (r.get("reference") and asked and got and got > 1.1 * asked and r["tokens_per_second"]):
             continue
         where = "" if r["group"] == "all" else f"{r['group']}: "
+        said = f"{where}{r['label']} decoded {got} tokens for the {asked} asked (its last draft runs past -n)"
+        if r.get("counted_to_n"):
+            out.append(f"{said}; its tok/s counts the {asked} over the time until they were out; all {got} over all "
+                       f"its time: {r['tokens_per_second_all']:.1f} tok/s")
+            continue
         up_to_n = r["tokens_per_second"] * asked / got
         ratio = f" ({r['speedup'] * asked / got:.2f}x)" if r.get("speedup") else ""
-        out.append(f"{where}{r['label']} decoded {got} tokens for the {asked} asked (its last draft runs past -n) and "
-                   f"its tok/s counts them all; counted up to -n: {up_to_n:.1f} tok/s{ratio}")
+        out.append(f"{said} and its tok/s counts them all; counted up to -n: {up_to_n:.1f} tok/s{ratio}")
     return out
 
 
