@@ -5,7 +5,7 @@ For each prompt of the suites (edit and fix by default: answers that copy their 
 (greedy, through the Python API, the rounds as `Engine.stream` yields them) and llama.cpp's speculative-simple with
 each n-gram --spec-type (its debug log says what each round drafted and kept). Every program writes the target's
 greedy text, so rounds line up by output position: per program, a summary (rounds, drafted, kept, tokens per round,
-the longest draft, rounds that kept nothing, speed) and, with --rounds, each round: where it starts in the output,
+the longest draft, rounds that kept nothing, speed; llama.cpp's counts its -n tokens over its time until they were out) and, with --rounds, each round: where it starts in the output,
 what was drafted and kept, and for ggufspec where the copy came from (the prompt or the answer so far, how far back
 the match agreed, whether it resumed past a changed token) and what its verify batch cost.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufspec.bench.prompts import load_suite
-from ggufspec.bench.reference import generated_text, same_text
+from ggufspec.bench.reference import ROUND_LOG, generated_text, same_text, seconds_to
 from ggufspec.bench.runs import prompt_text, prompt_tokens
 from ggufspec.drafters import LookupDrafter
 from ggufspec.engine import Engine
@@ -120,7 +120,7 @@ def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> 
     program = bin_dir / "llama-speculative-simple"
     cmd = [str(program), "-m", str(engine.target_model.path), "-p", text, "-n", str(n), "--spec-type", spec_type,
            "-t", str(engine.target_ctx.n_threads), "--temp", "0", "-c", str(engine.n_ctx), "--ignore-eos",
-           "--no-escape", "-v"]
+           "--no-escape", *ROUND_LOG]
     done = subprocess.run(cmd, capture_output=True, timeout=900,
                           env=dict(os.environ, LD_LIBRARY_PATH=f"{bin_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}"))
     log = (done.stdout + done.stderr).decode("utf-8", "replace")
@@ -133,6 +133,9 @@ def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> 
         raise GGUFSpecError(f"llama-speculative-simple ({spec_type}) exited {done.returncode}: "
                             f"{log.strip().splitlines()[-1] if log.strip() else 'no output'}")
     out.n_generated, out.seconds = int(m.group(1)), float(m.group(2))
+    to_n = seconds_to(log, n, out.n_generated, out.seconds)  # the -n asked, over the time until they were out
+    if to_n is not None:
+        out.n_generated, out.seconds = min(n, out.n_generated), to_n
     out.text = generated_text(done.stdout, text.encode("utf-8", "surrogateescape"))
     return out
 
