@@ -5,9 +5,10 @@ For each prompt of the suites (edit and fix by default: answers that copy their 
 (greedy, through the Python API, the rounds as `Engine.stream` yields them) and llama.cpp's speculative-simple with
 each n-gram --spec-type (its debug log says what each round drafted and kept). Every program writes the target's
 greedy text, so rounds line up by output position: per program, a summary (rounds, drafted, kept, tokens per round,
-the longest draft, rounds that kept nothing, speed; llama.cpp's counts its -n tokens over its time until they were out) and, with --rounds, each round: where it starts in the output,
-what was drafted and kept, and for ggufspec where the copy came from (the prompt or the answer so far, how far back
-the match agreed, whether it resumed past a changed token) and what its verify batch cost.
+the longest draft, rounds that kept nothing, speed; llama.cpp's counts its -n tokens over its time until they were
+out) and, with --rounds, each round: where it starts in the output, what was drafted and kept, and for ggufspec
+where the copy came from (the prompt or the answer so far, how far back the match agreed, whether it resumed past a
+changed token) and what its verify batch cost.
 
 What llama.cpp's drafters do (common/ngram-map.cpp, common/ngram-mod.cpp, common/speculative.cpp of the release
 llama-cpp-python pins; ../shared/tools/llama-cpp-reference unpacks it):

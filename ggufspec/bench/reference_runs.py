@@ -111,7 +111,8 @@ class ReferenceRunner:
                        accepted / drafted if drafted else None, group)
             row.update(tokens_per_second_min=min(speeds), tokens_per_second_max=max(speeds), repeats=len(done),
                        n_generated=sum(x["n_generated"] for x in results), n_asked=self.n_tokens * len(results),
-                       counted_to_n=to_n, tokens_per_second_all=statistics.median([_speed(v.values()) for v in done.values()]))
+                       counted_to_n=to_n,
+                       tokens_per_second_all=statistics.median([_speed(v.values()) for v in done.values()]))
             first = next(iter(done.values()))
             same = [(p.label, same_text(ours.get(p), first[p]["text"])) for p in prompts]
             if all(x is not None for _, x in same):
