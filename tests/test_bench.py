@@ -778,6 +778,34 @@ def test_the_footer_weighs_auto_against_the_faster_llama_server_and_off_against_
         "ggufspec target 0.90x of llama-server, first token 0.50 s against 0.30 s"]  # N=2: no llama-server row
 
 
+def test_concurrency_rounds_take_turns_with_llama_server(monkeypatch):
+    """--concurrency --repeats: every other round runs llama-server's first and ggufspec's modes in the other
+    order, so a drift within the hour favours neither server nor any mode's place; rows stay in the first
+    round's order."""
+    from ggufspec.bench import concurrency
+    from ggufspec.bench.runs import BenchSettings
+
+    calls = []
+
+    def ours(load, prompts, settings, levels, slot_ctx, reference, note, reverse=False):
+        calls.append(f"ggufspec reversed={reverse}")
+        modes = ["target", "auto"][::-1] if reverse else ["target", "auto"]
+        return [_served(f"ggufspec {m}", 1, 10.0, 0.5) for m in modes], (("T.gguf", None), 0, 2, 512)
+
+    def theirs(bin_dir, target, draft, prompts, levels, max_tokens, slot, threads, ngl, reference, note, body):
+        calls.append(f"llama-server {target} -t {threads} -c {slot}")
+        return [_served("llama-server", 1, 12.0, 0.4)]
+
+    monkeypatch.setattr(concurrency, "ggufspec_rows", ours)
+    monkeypatch.setattr(concurrency, "llama_server_rows", theirs)
+    settings = BenchSettings(modes=("target", "auto"), max_tokens=4, repeats=3, ignore_eos=True)
+    result = concurrency.concurrency_bench(None, [], settings, (1,), llama_cpp_bin="bin")
+    llama = "llama-server T.gguf -t 2 -c 512"
+    assert calls == ["ggufspec reversed=False", llama, llama, "ggufspec reversed=True", "ggufspec reversed=False", llama]
+    assert [r["config"] for r in result["rows"]] == ["ggufspec target", "ggufspec auto", "llama-server"]
+    assert [r["runs"] for r in result["rows"]] == [3, 3, 3] and result["meta"]["threads"] == 2
+
+
 def test_concurrency_repeats_run_each_round_and_show_the_spread(tiny):
     r = run("bench", "-m", tiny["target"], "-ngl", 0, "--suite", "code", "--limit", 1, "-n", 4, "--modes",
             "target", "--concurrency", 1, "--repeats", 2)

@@ -11,11 +11,7 @@ next request when its last one is answered. Every request streams (time to first
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import threading
 import time
 import urllib.error
@@ -25,11 +21,10 @@ from pathlib import Path
 
 from ..core import HEAD_MODES, MODES
 from ..errors import GGUFSpecError
-from .reference import _env, _program
+from .reference import LlamaServer
 from .runs import BenchSettings, check_modes, prompt_tokens, tokenized_prompts
 
 SERVER_MODES = ("target", "lookup", "draft", "mtp", "eagle3", "dflash", "auto")  # modes a server runs per request
-STARTUP_SECONDS = 300
 
 
 @dataclass
@@ -44,12 +39,6 @@ class Answer:
     done: float
     drafted: int = 0
     accepted: int = 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def body_for(prompt, max_tokens: int, extra: dict) -> tuple[str, dict]:
@@ -146,43 +135,6 @@ def row(label: str, concurrency: int, answers: list[Answer], seconds: float, ref
             "drafted": drafted, "accepted": accepted, "identical": same}
 
 
-class LlamaServer:
-    """llama.cpp's llama-server on 127.0.0.1, for as long as the `with` block runs."""
-
-    def __init__(self, bin_dir: Path, args: list[str]):
-        self.bin_dir, self.port = Path(bin_dir), free_port()
-        self.cmd = [str(_program(self.bin_dir, "llama-server")), *args, "--host", "127.0.0.1", "--port",
-                    str(self.port), "--no-webui"]
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> "LlamaServer":
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     env=_env(self.bin_dir), start_new_session=True)
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
-                raise GGUFSpecError(f"llama-server exited ({self.proc.returncode}): {(err or ['nothing said'])[-1][:200]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.__exit__()
-        raise GGUFSpecError(f"llama-server did not answer /health within {STARTUP_SECONDS} s")
-
-    def __exit__(self, *exc) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.proc.stderr.close()
-
-
 def cached(settings: BenchSettings) -> dict:
     """Every request to both servers evaluates its whole prompt (llama-server's `cache_prompt`, which ggufspec's
     server honors), unless --reuse-prompt asks both to keep what they hold."""
@@ -263,8 +215,9 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
     """Every mode at every concurrency on one ggufspec server (one Engine of max(levels) sequences), then llama.cpp's
     llama-server; {"rows": [...], "meta": {...}}. Each row's vs_off: its aggregate tok/s over ggufspec's with
     speculation off at the same concurrency; identical: requests whose text is the target's own (greedy, alone).
-    With settings.repeats R, the whole round (ggufspec's server, then llama-server's) runs R times in turn, so a
-    machine whose speed drifts moves both alike, and each row is the median of its R runs (`merged`).
+    With settings.repeats R, the whole round (ggufspec's server, then llama-server's) runs R times, every other
+    round the other way round (llama-server's first, ggufspec's modes reversed at each N), so a machine whose
+    speed drifts moves all alike, and each row is the median of its R runs (`merged`).
 
     settings: its modes and -n (max_tokens), checked as plain bench checks them (`BenchSettings.validate`,
     `check_modes`) before a server starts; a mode asked for by name that a server does not run for several clients
@@ -276,25 +229,31 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
         raise GGUFSpecError("bench --concurrency sends greedy fixed-length requests: drop --temp and --natural-stop")
     levels = tuple(sorted(set(levels)))
     runs, reference = [], {}
-    for _ in range(settings.repeats):
-        rows, (paths, ngl, threads, slot) = ggufspec_rows(load, prompts, settings, levels, slot_ctx, reference, note)
-        if llama_cpp_bin:
-            rows += llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, settings.max_tokens, slot,
-                                      threads, ngl, reference, note, cached(settings))
-        runs.append(rows)
+
+    def theirs(paths, ngl, threads, slot):
+        return llama_server_rows(Path(llama_cpp_bin), *paths, prompts, levels, settings.max_tokens, slot, threads,
+                                 ngl, reference, note, cached(settings)) if llama_cpp_bin else []
+
+    ran = None  # what llama-server runs at (ggufspec's first round says: the files, -ngl, threads, -c)
+    for repeat in range(settings.repeats):
+        turned = repeat % 2 == 1  # every other round the other way round: llama-server's first, the modes reversed
+        first = theirs(*ran) if turned else []
+        rows, ran = ggufspec_rows(load, prompts, settings, levels, slot_ctx, reference, note, reverse=turned)
+        runs.append(rows + first + ([] if turned else theirs(*ran)))
     rows = merged(runs)
     off = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in rows if r["config"] == "ggufspec target"}
     for r in rows:
         r["vs_off"] = round(r["aggregate_tokens_per_second"] / off[r["concurrency"]], 3) if off.get(r["concurrency"]) else None
-    return {"rows": rows, "meta": {"machine": machine()["summary"]["cpu"], "threads": threads, "levels": list(levels),
-                                   "max_tokens": settings.max_tokens, "prompts": len(prompts), "target": str(paths[0]),
-                                   "draft": str(paths[1]) if paths[1] else None, "repeats": settings.repeats}}
+    return {"rows": rows, "meta": {"machine": machine()["summary"]["cpu"], "threads": ran[2], "levels": list(levels),
+                                   "max_tokens": settings.max_tokens, "prompts": len(prompts), "target": str(ran[0][0]),
+                                   "draft": str(ran[0][1]) if ran[0][1] else None, "repeats": settings.repeats}}
 
 
 def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[int, ...], slot_ctx: int | None,
-                  reference: dict[int, str], note) -> tuple[list[dict], tuple]:
-    """One round of ggufspec's server at every mode and level: its rows, and what llama-server's round runs at
-    ((target, a draft of its vocabulary or None), -ngl, threads, a sequence's context); fills an empty reference."""
+                  reference: dict[int, str], note, reverse: bool = False) -> tuple[list[dict], tuple]:
+    """One round of ggufspec's server at every mode and level (reverse: the modes in the other order at each):
+    its rows, and what llama-server's round runs at ((target, a draft of its vocabulary or None), -ngl, threads,
+    a sequence's context); fills an empty reference."""
     from ..generation import GenerationSettings
     from ..server import InThread
 
@@ -316,7 +275,7 @@ def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[in
             for mode in modes:  # warm-up: the first request of a mode pays for what later ones find ready
                 run_clients(server.url, prompts[:1], 1, min(8, max_tokens), {"mode": mode})
             for n in levels:
-                for mode in modes:
+                for mode in modes[::-1] if reverse else modes:
                     answers, seconds = run_clients(server.url, prompts, n, max_tokens,
                                                    {"mode": mode, **cached(settings)})
                     if not reference:

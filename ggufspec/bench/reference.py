@@ -12,8 +12,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 from ..errors import GGUFSpecError
@@ -336,3 +338,49 @@ def _row(label: str, mode: str, draft_max, tps: float, target_tps: float | None,
             "tokens_per_second_min": tps, "tokens_per_second_max": tps,
             "speedup": tps / target_tps if target_tps else None, "acceptance_rate": alpha, "reference": True,
             "identical_to_target": None, "divergence": None}
+
+
+STARTUP_SECONDS = 300  # llama-server's longest start (loading a model)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """llama.cpp's llama-server on 127.0.0.1, for as long as the `with` block runs."""
+
+    def __init__(self, bin_dir: Path, args: list[str]):
+        self.bin_dir, self.port = Path(bin_dir), free_port()
+        self.cmd = [str(_program(self.bin_dir, "llama-server")), *args, "--host", "127.0.0.1", "--port",
+                    str(self.port), "--no-webui"]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "LlamaServer":
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env=_env(self.bin_dir), start_new_session=True)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+                raise GGUFSpecError(f"llama-server exited ({self.proc.returncode}): {(err or ['nothing said'])[-1][:200]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise GGUFSpecError(f"llama-server did not answer /health within {STARTUP_SECONDS} s")
+
+    def __exit__(self, *exc) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc.stderr.close()
