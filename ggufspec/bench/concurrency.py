@@ -240,13 +240,13 @@ def concurrency_bench(load, prompts: list, settings: BenchSettings, levels: tupl
         first = theirs(*ran) if turned else []
         rows, ran = ggufspec_rows(load, prompts, settings, levels, slot_ctx, reference, note, reverse=turned)
         runs.append(rows + first + ([] if turned else theirs(*ran)))
-    rows = merged(runs)
+    rows, ((target, draft), _, threads, _) = merged(runs), ran
     off = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in rows if r["config"] == "ggufspec target"}
     for r in rows:
         r["vs_off"] = round(r["aggregate_tokens_per_second"] / off[r["concurrency"]], 3) if off.get(r["concurrency"]) else None
-    return {"rows": rows, "meta": {"machine": machine()["summary"]["cpu"], "threads": ran[2], "levels": list(levels),
-                                   "max_tokens": settings.max_tokens, "prompts": len(prompts), "target": str(ran[0][0]),
-                                   "draft": str(ran[0][1]) if ran[0][1] else None, "repeats": settings.repeats}}
+    return {"rows": rows, "meta": {"machine": machine()["summary"]["cpu"], "threads": threads, "levels": list(levels),
+                                   "max_tokens": settings.max_tokens, "prompts": len(prompts), "target": str(target),
+                                   "draft": str(draft) if draft else None, "repeats": settings.repeats}}
 
 
 def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[int, ...], slot_ctx: int | None,

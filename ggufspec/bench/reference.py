@@ -344,6 +344,7 @@ STARTUP_SECONDS = 300  # llama-server's longest start (loading a model)
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server started next)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
