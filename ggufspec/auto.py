@@ -292,7 +292,8 @@ class AutoDrafter(Drafter):
                 self.head_alpha[source].update(r.n_accepted, r.n_drafted)
             elif source == "draft":
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
-                if self._draft_cost:  # per drafted token, so the catch-up of the draft's cache counts
+                # per drafted token, so the catch-up of the draft's cache counts (not a lazy draft's of the prompt)
+                if self._draft_cost and not r.draft.caught_up:
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
             elif source == CONTINUED:  # the copy's tokens teach the copy's estimate, the model's the model's
                 copied = min(r.draft.copied, r.n_drafted)

@@ -102,6 +102,8 @@ class Draft:
     agreement: int = 0  # lookup: how many tokens before the copied place agree with the history
     resumed: bool = False  # lookup: the copy resumes past a token the text changed (LookupDrafter.match)
     copied: int = 0  # lookup+draft: the copy's tokens that lead the draft, the model's after them
+    # a lazy draft model's first use: the prompt tokens it decoded this round (a one-off, not its cost per draft token)
+    caught_up: int = 0
     # auto: verify this copy in one batch judged with the margin, though exact chunks exist (they cost more here)
     one_batch: bool = False
     predicted_rate: float | None = None  # auto: the tokens per second its cost table expected of this round
@@ -147,6 +149,9 @@ class Stats:
     full_accepts: int = 0  # rounds whose every drafted token was accepted
     accepted_histogram: list[int] = field(default_factory=list)  # [rounds with 0 accepted, 1, 2, ...]
     draft_seconds: float = 0.0
+    # of which in rounds whose draft model caught up on the prompt (Draft.caught_up), and the tokens they drafted
+    caught_up_seconds: float = 0.0
+    caught_up_drafted: int = 0
     target_seconds: float = 0.0
     ties_settled: int = 0
     tie_gaps: list[float] = field(default_factory=list)
@@ -198,6 +203,9 @@ class Stats:
             self.predicted_tokens += r.seconds * r.draft.predicted_rate
             self.predicted_seconds += r.seconds
         self.draft_seconds += r.draft_seconds
+        if r.draft.caught_up:
+            self.caught_up_seconds += r.draft_seconds
+            self.caught_up_drafted += r.n_drafted
         self.target_seconds += r.target_seconds
         self.ties_settled += r.ties_settled
         self.tie_gaps.extend(r.tie_gaps)

@@ -67,6 +67,7 @@ class ModelDrafter(Drafter):
         self.target_n_vocab = target_n_vocab or ctx.n_vocab
         self.n_shared = min(ctx.n_vocab, self.target_n_vocab)
         self._committed = 0  # a prefix of the KV cache known to agree with every later history
+        self._lazy_end = 0  # a lazy reset: the prompt's tokens but its last (in the draft's ids), left to the first draft
 
     def _own(self, token: int) -> int:
         """The draft's id for a target token (0 for one beyond the draft's vocabulary)."""
@@ -82,6 +83,7 @@ class ModelDrafter(Drafter):
         when the draft is first used). reuse: keep the cache's whole aligned batches of this prompt."""
         prompt_tokens = self._own_history(prompt_tokens)
         keep = self._committed = self.ctx.start(prompt_tokens, reuse=reuse)
+        self._lazy_end = len(prompt_tokens) - 1 if lazy else 0
         if not lazy and len(prompt_tokens) - 1 > keep:
             with self.ctx.no_rewind():  # drafts are rewound to the history, never into the prompt
                 self.ctx.decode(prompt_tokens[keep:-1], logits="none")
@@ -99,6 +101,11 @@ class ModelDrafter(Drafter):
     def _sync(self, history: list[int]) -> list[int]:
         """Drop rejected drafts from the KV cache; return the history tokens it has not seen (in the draft's ids)."""
         return self._sync_own(self._own_history(history))
+
+    def _caught_up(self, n_history: int, pending: list[int]) -> int:
+        """How many of the tokens pending before a draft of a history this long (in the draft's ids) are a lazy
+        reset's prompt, decoded at the draft's first use."""
+        return max(0, self._lazy_end - (n_history - len(pending)))
 
     def _sync_own(self, history: list[int]) -> list[int]:
         """`_sync` of a history already in the draft's ids."""
@@ -128,6 +135,7 @@ class ModelDrafter(Drafter):
         if draft_max <= 0:
             return Draft(tokens=after, source=self.name, copied=len(after))
         pending = self._sync(history)
+        caught_up = self._caught_up(len(history), pending)
         logits = self.ctx.decode(pending + self._own_history(after), logits="last")[0][: self.n_shared]
         self._committed = len(self.kv_tokens) - len(after)  # the whole history: later histories extend it
         tokens, qs = draft_tokens(logits, lambda x: self.ctx.decode([x], logits="last")[0][: self.n_shared],
@@ -136,7 +144,7 @@ class ModelDrafter(Drafter):
         if after and qs is not None:
             qs = [np.eye(1, self.target_n_vocab, t)[0] for t in after] + qs
         return Draft(tokens=after + tokens, q=qs, seconds=time.perf_counter() - start, source=self.name,
-                     copied=len(after))
+                     copied=len(after), caught_up=caught_up)
 
 
 def draft_tokens(logits: np.ndarray, next_logits: Callable[[int], np.ndarray], n_history: int, draft_max: int,

@@ -104,12 +104,13 @@ def _alpha(g: Generation) -> float:
 
 
 def _draft_step(g: Generation, costs: Costs) -> float:
-    """Seconds per drafted token of a stream: as seen, else (nothing drafted yet) what a draft model step costs where
-    its drafter may draft with one (measured at load), else the cheapest of its heads' (measured at load: MTP,
-    EAGLE-3, DFlash), else nothing (prompt lookup)."""
+    """Seconds per drafted token of a stream: as seen (leaving out the rounds where a lazy draft model caught up on the
+    prompt: a one-off), else (nothing drafted yet) what a draft model step costs where its drafter may draft with one
+    (measured at load), else the cheapest of its heads' (measured at load: MTP, EAGLE-3, DFlash), else nothing
+    (prompt lookup)."""
     s, model = g.stats, getattr(g.drafter, "model", None)
-    if s.n_drafted:
-        return s.draft_seconds / s.n_drafted
+    if drafted := s.n_drafted - s.caught_up_drafted:
+        return (s.draft_seconds - s.caught_up_seconds) / drafted
     if model is not None and g.drafter.model_may_pay():
         return g.drafter.draft_cost or 0.0
     heads = [costs.head_step(name, 4) for name in getattr(g.drafter, "heads", ())]

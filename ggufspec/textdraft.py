@@ -168,6 +168,7 @@ class TextDrafter(ModelDrafter):
         if draft_max <= 0 or not own:
             return Draft(tokens=[], source=self.name)
         pending = self._sync_own(own)
+        caught_up = self._caught_up(len(own), pending)
         logits = self.ctx.decode(pending, logits="last")[0]
         self._committed = min(len(self.kv_tokens), self._stable(len(own)))
         self._learn(history)
@@ -177,7 +178,7 @@ class TextDrafter(ModelDrafter):
         else:
             tokens, qs = self._on_shared(history, logits, draft_max, params, rng, noise, p_min, may_extend)
         self._last = (rule, len(history), tokens) if not params.greedy else None
-        return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name)
+        return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name, caught_up=caught_up)
 
     def _learn(self, history: list[int]) -> None:
         """How many tokens of the last sampled proposal the history kept, told to the choice of rule."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fake import FakeTarget
+from ggufspec.core import Stats
 from ggufspec.costs import Costs
 from ggufspec.drafters import ModelDrafter
 from ggufspec.errors import GGUFSpecError
@@ -47,13 +48,42 @@ def test_a_stream_that_has_not_drafted_is_priced_at_its_cheapest_heads_measured_
     from ggufspec.serving import _draft_step
 
     costs = Costs([0.01] * 4, 1, head_seconds={"mtp": {"token": 0.004}, "dflash": {"token": 0.001, "round": 0.02}})
-    stream = lambda drafter: SimpleNamespace(stats=SimpleNamespace(n_drafted=0, draft_seconds=0.0), drafter=drafter)
+    stream = lambda drafter: SimpleNamespace(stats=Stats(), drafter=drafter)
     assert _draft_step(stream(SimpleNamespace(model=None, heads={"mtp": 1})), costs) == 0.004
     assert _draft_step(stream(SimpleNamespace(model=None, heads={"mtp": 1, "dflash": 1})), costs) == 0.004  # 0.006
     assert _draft_step(stream(SimpleNamespace(model=None, heads={"eagle3": 1})), costs) == 0.0  # not measured
     assert _draft_step(stream(SimpleNamespace(model=None)), costs) == 0.0  # prompt lookup
-    seen = SimpleNamespace(stats=SimpleNamespace(n_drafted=4, draft_seconds=0.02), drafter=None)
+    seen = SimpleNamespace(stats=Stats(n_drafted=4, draft_seconds=0.02), drafter=None)
     assert _draft_step(seen, costs) == 0.005
+
+
+def test_a_lazy_draft_models_catch_up_on_the_prompt_is_not_priced_as_its_drafting(monkeypatch):
+    """A server's draft model catches up on a prompt only when a batch first lets it draft (lazily): that round's
+    draft seconds are mostly the prompt's, once. Priced per drafted token, they made drafting look many times dearer
+    than it is, and a stream that had drafted once was not given a budget again."""
+    from fake import on_clock
+
+    from ggufspec.core import Round
+    from ggufspec.sampling import SamplingParams
+    from ggufspec.serving import _draft_step
+
+    clock = on_clock(monkeypatch)
+    target = FakeTarget(seed=3)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 5
+    drafter = ModelDrafter(target.like(1, 0.0, clock=clock, seconds=lambda n: 0.001 * n))  # 1 ms a decoded token
+    rng, stats = np.random.default_rng(0), Stats()
+    drafter.reset(prompt, lazy=True)
+    history = list(prompt)
+    for caught_up in (len(prompt) - 1, 0, 0):
+        draft = drafter.propose(history, 2, SamplingParams(), rng)
+        assert draft.caught_up == caught_up and len(draft.tokens) == 2
+        history += draft.tokens + [0]  # both kept, then the target's own
+        stats.add(Round(tokens=draft.tokens + [0], n_drafted=2, n_accepted=2, draft_seconds=draft.seconds,
+                        draft=draft))
+    assert stats.draft_seconds == pytest.approx(0.001 * (len(prompt) + 1 + 2 * 3))  # every decode still counted
+    assert _draft_step(SimpleNamespace(stats=stats, drafter=None), None) == pytest.approx(0.003 / 2)  # 3 tokens a draft
+    drafter.reset(prompt)  # with the prompt (one stream): nothing to catch up on later
+    assert drafter.propose(prompt, 2, SamplingParams(), rng).caught_up == 0
 
 
 def test_unequal_drafts_are_cut_to_a_common_length_where_that_pays():
