@@ -116,3 +116,19 @@ def test_sampled_output_follows_the_targets_distribution_across_tokenizers(rule)
 def test_a_draft_cut_inside_a_character_proposes_the_whole_ones_only():
     text = "déjà".encode()
     assert complete_utf8(text[:-1]) == "déj".encode() and complete_utf8(text) == text and complete_utf8(b"") == b""
+
+
+def test_a_lazy_text_drafts_first_use_says_it_caught_up_on_the_prompt():
+    """As a draft of the target's vocabulary: a lazy reset leaves the prompt to the first draft, which says how many
+    of its tokens (the draft's) it decoded; later drafts and an eager reset's say none (serving prices drafting without
+    that one-off)."""
+    target = FakeTarget(seed=1)
+    draft, texts = permuted_draft(target)
+    drafter = TextDrafter(draft, FakeBridge(LETTERS, texts), target_n_vocab=24)
+    prompt, rng = [1, 2, 3, 4, 5, 6, 7, 8] * 3, np.random.default_rng(0)
+    drafter.reset(prompt, lazy=True)
+    first = drafter.propose(prompt, 2, SamplingParams(), rng)
+    assert first.caught_up == len(prompt) - 1 and first.tokens  # one draft token a letter here
+    assert drafter.propose(prompt + first.tokens + [0], 2, SamplingParams(), rng).caught_up == 0
+    drafter.reset(prompt)
+    assert drafter.propose(prompt, 2, SamplingParams(), rng).caught_up == 0
