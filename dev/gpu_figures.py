@@ -8,7 +8,8 @@ packages the machine lacks. There, `run` unpacks it, writes the models itself (r
 Q4_K / Q8_0 blocks by tests/shaped.py: their speed is a real model's of that shape, their text means nothing) and
 prints one table, step by step inside a time budget, each step's rows saved as soon as they exist:
 
-1. the GPU (nvidia-smi) and what `ggufspec doctor` says of it;
+1. the GPU (nvidia-smi) and what `ggufspec doctor` says of it, then the GPU tier (tests/test_gpu.py and
+   tests/test_offload.py) with the layers on it;
 2. EAGLE-3, DFlash and MTP drafts with the target's layers on the GPU: greedy and seeded text against the target
    alone on the same placement, 3 processes each (an abort kills one process, not the run), and llama.cpp's
    speculative-simple with the same draft on the same files;
@@ -316,7 +317,7 @@ def profile(run: Run, model: Path, n: int) -> None:
             run.say("```\n" + "\n".join(lines[:1] + lines[-16:]) + "\n```")
 
 
-STEPS = ("identity", "standin", "8b", "costs", "auto", "alpha", "profile")
+STEPS = ("tests", "identity", "standin", "8b", "costs", "auto", "alpha", "profile")
 
 
 def main(argv=None) -> int:
@@ -363,6 +364,13 @@ def main(argv=None) -> int:
     from tiny import write_tiny_model
 
     steps = set(a.steps.split(","))
+    if "tests" in steps:  # the GPU tier with the layers on this GPU (the real pair's test skips: no files travel)
+        run.say(f"\n## The GPU tier on {a.device}: tests/test_gpu.py, tests/test_offload.py")
+        run.env["GGUFSPEC_REQUIRE_GPU"] = "1"
+        r = run.sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-rfEs",
+                    "tests/test_gpu.py", "tests/test_offload.py"], cap=300, name="tests")
+        if r is not None:
+            run.say("```\n" + "\n".join(r.stdout.strip().splitlines()[-30:]) + "\n```")
     if "identity" in steps:
         run.say("\n## Hidden-state drafts and MTP with the target on the GPU")
         identity(run, a.work, a.tries)

@@ -35,6 +35,12 @@ def test_several_requests_draft_with_their_own_heads_and_write_their_own_text(fi
     greedy, target-only. Each writes `generate`'s target-only text alone, and a head's request drafts and keeps
     what it drafts and keeps alone. MTP and EAGLE-3 heads decode the rows several sequences asked in one batch,
     their draft steps and their catch-up on the target's batches alike (DFlash: a block per sequence)."""
+    several_requests(files, case, monkeypatch)
+
+
+def several_requests(files, case, monkeypatch, **placement):
+    """The test above's body on a placement (n_gpu_layers=..., draft_n_gpu_layers=...: tests/test_gpu.py); the
+    weights' placement of the Engine of several sequences."""
     import ggufspec.llama.heads as heads
 
     together = []
@@ -44,13 +50,14 @@ def test_several_requests_draft_with_their_own_heads_and_write_their_own_text(fi
     kind = case[1]
     requests = [(PROMPTS[0], kind, {"draft_max": 3}), (PROMPTS[1], kind, {"temperature": 0.8, "seed": 3}),
                 (PROMPTS[2], "auto", {}), (PROMPTS[2], kind, {"draft_max": 3})]
-    with Engine(target, draft, n_ctx=256, prompt_chunk=4) as alone:
+    with Engine(target, draft, n_ctx=256, prompt_chunk=4, **placement) as alone:
         want = [alone.generate(p, max_tokens=24, ignore_eos=True, mode="target",
                                **{k: v for k, v in kw.items() if k != "draft_max"}).tokens for p, _, kw in requests]
         counts = [(r.stats.n_drafted, r.stats.n_accepted) for r in
                   (alone.generate(p, max_tokens=24, ignore_eos=True, mode=m, **kw) for p, m, kw in requests)]
-    with Engine(target, draft, n_ctx=3 * 256, n_seq=3, prompt_chunk=4) as e:
+    with Engine(target, draft, n_ctx=3 * 256, n_seq=3, prompt_chunk=4, **placement) as e:
         assert kind in e.modes and all(kind in heads for heads in e.slot_heads)
+        weights = e.weights()
         results, totals = run_together(e, 3, requests, max_tokens=24)
         assert [tokens for tokens, _ in results] == want
         assert totals.errors == 0
@@ -64,6 +71,7 @@ def test_several_requests_draft_with_their_own_heads_and_write_their_own_text(fi
         assert any(n > 1 and rows > 1 for n, rows in together), together  # catch-ups of several
     else:
         assert not together
+    return weights
 
 
 def _rows(head) -> dict:

@@ -109,3 +109,41 @@ def test_an_address_beyond_this_machine_is_said_aloud(tiny, monkeypatch):
                                             ("192.168.1.5", False), ("myhost", False)])
 def test_which_addresses_are_this_machine_alone(host, loopback):
     assert is_loopback(host) is loopback
+
+
+OPENMP_WORKERS = """
+import os, sys, time
+from ggufspec import Engine
+from ggufspec.llama.runtime import on_a_passing_thread
+
+def loaded():  # an Engine that has decoded (a server's Engine measures its costs while it loads)
+    engine = Engine(sys.argv[1], n_ctx=256, n_threads=2, measure=False)
+    engine.generate("def f(x):", max_tokens=4, mode="target", ignore_eos=True)
+    return engine
+
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+on_a_passing_thread(loaded, close=lambda e: e.close()).close()
+for _ in range(200):  # the thread's own end (libgomp's pool is freed as the thread exits) follows its return
+    if (passing := threads()) == before:
+        break
+    time.sleep(0.01)
+loaded().close()
+print(before, passing, threads())
+"""
+
+
+def test_a_servers_engine_loads_on_a_thread_that_takes_its_openmp_workers_with_it(tiny):
+    """`ggufspec serve` and `bench --concurrency` load their Engine on a thread that ends (`on_a_passing_thread`):
+    libgomp keeps a pool of workers for every thread that decoded, as long as it lives, and throttles them all
+    once they outnumber the CPUs, so a main thread's pool made the scheduler's decodes a third slower on 2 vCPUs.
+    After a load and a decode there, the process has the threads it had; after the same on the main thread, its
+    OpenMP worker stays."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", OPENMP_WORKERS, str(tiny["target"])], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, passing, after = map(int, out.stdout.split())
+    assert passing == before and after > before, (before, passing, after)

@@ -255,12 +255,14 @@ def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[in
     its rows, and what llama-server's round runs at ((target, a draft of its vocabulary or None), -ngl, threads,
     a sequence's context); fills an empty reference."""
     from ..generation import GenerationSettings
+    from ..llama.runtime import on_a_passing_thread
     from ..server import InThread
 
     max_tokens = settings.max_tokens
     modes = ("target",) + tuple(m for m in settings.modes if m in SERVER_MODES and m != "target")
     # the heads' modes are checked below, as plain bench checks them (the Engine loads what the files have)
-    engine = fitted_engine(load, prompts, tuple(m for m in modes if m not in HEAD_MODES), levels, max_tokens, slot_ctx)
+    engine = on_a_passing_thread(lambda: fitted_engine(load, prompts, tuple(m for m in modes if m not in HEAD_MODES),
+                                                       levels, max_tokens, slot_ctx), close=lambda e: e.close())
     rows = []
     with engine:
         check_modes(settings.modes, engine.draft_model is not None, set(engine.heads), engine.target_model.path.name)

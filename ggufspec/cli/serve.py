@@ -49,6 +49,7 @@ def serve_command(host, port, n_seq, kv_unified, prompt_chunk, alias, max_queue,
     from pathlib import Path
 
     from ..generation import GenerationSettings, resolve_settings
+    from ..llama.runtime import on_a_passing_thread
     from ..models.resolve import merge_pair_settings, open_engine
     from ..server import check_address, is_loopback, serve
 
@@ -69,7 +70,9 @@ def serve_command(host, port, n_seq, kv_unified, prompt_chunk, alias, max_queue,
         settings["draft_max"] = whole_number(draft_max, "--draft-max")
     if load.n_ctx < 8 * n_seq:
         raise GGUFSpecError(f"-c {load.n_ctx} leaves each of the -np {n_seq} sequences under 8 tokens; raise -c")
-    engine, pair_defaults = open_engine(load, modes=(settings.get("mode", ""),), measure=True)  # a request may speculate
+    engine, pair_defaults = on_a_passing_thread(  # not the main thread: the scheduler's decodes would be throttled
+        lambda: open_engine(load, modes=(settings.get("mode", ""),), measure=True),  # a request may speculate
+        close=lambda opened: opened[0].close())
     with engine:
         settings, _ = merge_pair_settings(pair_defaults.get("settings", {}), settings)
         defaults = resolve_settings(GenerationSettings(), settings)

@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 import threading
+import time
 
 import llama_cpp as C
 from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: F401 (ggufspec.llama_draft's base class)
@@ -34,6 +35,7 @@ class Runtime:
         self.warned: set[str] = set()  # warnings said once a process
         self.capture: list[str] | None = None  # log lines of the model load under way
         self.interrupted = False  # a signal came during a load: the progress callback stops it
+        self.abandoned = False  # a signal came while another thread loaded (`on_a_passing_thread`): stop that load too
         self.lock = threading.Lock()  # one model load (one capture) at a time
 
 
@@ -53,7 +55,7 @@ def _log_callback(level, text, user_data):
 @C.llama_progress_callback
 def _load_progress(progress, user_data):
     """Returning False aborts llama.cpp's model load (see `interruptible`)."""
-    return not RUNTIME.interrupted
+    return not (RUNTIME.interrupted or RUNTIME.abandoned)
 
 
 @contextlib.contextmanager
@@ -136,10 +138,63 @@ def load_model(path: str, params) -> tuple[int | None, list[str]]:
     params.progress_callback = _load_progress
     with _captured() as log:
         model = C.llama_model_load_from_file(os.fsencode(path), params)  # any bytes Linux allows
-        if RUNTIME.interrupted and model:
+        if (RUNTIME.interrupted or RUNTIME.abandoned) and model:
             C.llama_model_free(model)
             model = None
     return model, log
+
+
+def on_a_passing_thread(load, close=lambda value: None):
+    """load() run on a thread that ends when it returns: its value, or its exception raised here. For what another
+    long-lived thread then decodes with (a server's scheduler). libgomp, the OpenMP of llama.cpp's CPU builds,
+    keeps a pool of worker threads for every thread that ran a parallel region (a decode), for as long as that
+    thread lives; once the pools together hold more threads than the machine has CPUs it throttles every worker to
+    100 spins before it sleeps at a barrier, and each of a decode's hundreds of barriers then costs a sleep and a
+    wake-up. An Engine loaded (its costs measured) on the main thread and decoding on a server's thread decoded a
+    third slower so on 2 vCPUs (docs/serve.md). A signal meanwhile (Ctrl-C) stops the load where llama.cpp can
+    stop (`_load_progress`), waits for the thread, closes what it made (`close(value)`), and comes out here."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = load()
+        except BaseException as e:  # noqa: BLE001 (raised again on the caller's thread)
+            box["error"] = e
+
+    before = _tasks()
+    thread = threading.Thread(target=run, name="ggufspec-load", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.05)  # a signal's handler runs on this (the main) thread in between
+    except BaseException:
+        RUNTIME.abandoned = True
+        thread.join()
+        RUNTIME.abandoned = False
+        _ended(before)
+        if "value" in box:
+            close(box["value"])
+        raise
+    _ended(before)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _tasks() -> set[str]:
+    """This process's threads (Linux; elsewhere none are seen)."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
+def _ended(before: set[str], seconds: float = 2.0) -> None:
+    """Wait until the threads started since `before` are gone: a thread's OS-level end (libgomp ends its pool's
+    workers as it exits) follows its return, and a process exiting meanwhile (a Ctrl-C just after a load) crashed."""
+    deadline = time.monotonic() + seconds
+    while _tasks() - before and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def create_context(model, params) -> tuple[int | None, list[str]]:
