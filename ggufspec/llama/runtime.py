@@ -38,6 +38,11 @@ class Runtime:
         self.abandoned = False  # a signal came while another thread loaded (`on_a_passing_thread`): stop that load too
         self.lock = threading.Lock()  # one model load (one capture) at a time
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the load under way must stop (a signal came, on its thread or while another thread loaded)."""
+        return self.interrupted or self.abandoned
+
 
 RUNTIME = Runtime()
 
@@ -55,7 +60,7 @@ def _log_callback(level, text, user_data):
 @C.llama_progress_callback
 def _load_progress(progress, user_data):
     """Returning False aborts llama.cpp's model load (see `interruptible`)."""
-    return not (RUNTIME.interrupted or RUNTIME.abandoned)
+    return not RUNTIME.stopping
 
 
 @contextlib.contextmanager
@@ -138,7 +143,7 @@ def load_model(path: str, params) -> tuple[int | None, list[str]]:
     params.progress_callback = _load_progress
     with _captured() as log:
         model = C.llama_model_load_from_file(os.fsencode(path), params)  # any bytes Linux allows
-        if (RUNTIME.interrupted or RUNTIME.abandoned) and model:
+        if RUNTIME.stopping and model:
             C.llama_model_free(model)
             model = None
     return model, log
@@ -151,7 +156,7 @@ def on_a_passing_thread(load, close=lambda value: None):
     thread lives; once the pools together hold more threads than the machine has CPUs it throttles every worker to
     100 spins before it sleeps at a barrier, and each of a decode's hundreds of barriers then costs a sleep and a
     wake-up. An Engine loaded (its costs measured) on the main thread and decoding on a server's thread decoded a
-    third slower so on 2 vCPUs (docs/serve.md). A signal meanwhile (Ctrl-C) stops the load where llama.cpp can
+    third slower on 2 vCPUs (docs/serve.md). A signal meanwhile (Ctrl-C) stops the load where llama.cpp can
     stop (`_load_progress`), waits for the thread, closes what it made (`close(value)`), and comes out here."""
     box: dict = {}
 
