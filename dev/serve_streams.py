@@ -7,7 +7,8 @@ time to first token. For profiling a loaded server against another on the same p
     llama-server -m TARGET.gguf -np 4 -c 4096 -t 2 --port 8095 &
     python dev/serve_streams.py 8095 4 64
 
-(arguments: port, clients, tokens per request; each client sends one of four short code prompts)."""
+(arguments: port, clients, tokens per request, and optionally ggufspec's `mode` per request, target by default;
+each client sends one of four short code prompts)."""
 
 import json
 import statistics
@@ -20,10 +21,10 @@ PROMPTS = ["def quicksort(a):", "class LinkedList:\n    def __init__(self):", "i
            "# Print the primes below 100\n"]
 
 
-def stream(port: int, prompt: str, n: int, out: list) -> None:
+def stream(port: int, prompt: str, n: int, out: list, mode: str = "target") -> None:
     """Seconds since sending at each text piece."""
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
-            "mode": "target"}
+            "mode": mode}
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
     start = time.perf_counter()
@@ -33,10 +34,10 @@ def stream(port: int, prompt: str, n: int, out: list) -> None:
                 out.append(time.perf_counter() - start)
 
 
-def main(port: int, clients: int, n: int) -> None:
-    stream(port, PROMPTS[0], 4, [])  # warm-up
+def main(port: int, clients: int, n: int, mode: str = "target") -> None:
+    stream(port, PROMPTS[0], 4, [], mode)  # warm-up
     times = [[] for _ in range(clients)]
-    threads = [threading.Thread(target=stream, args=(port, PROMPTS[i % len(PROMPTS)], n, times[i]))
+    threads = [threading.Thread(target=stream, args=(port, PROMPTS[i % len(PROMPTS)], n, times[i], mode))
                for i in range(clients)]
     start = time.perf_counter()
     for t in threads:
@@ -45,10 +46,10 @@ def main(port: int, clients: int, n: int) -> None:
         t.join()
     wall = time.perf_counter() - start
     gaps = [b - a for t in times for a, b in zip(t, t[1:])]
-    print(f"{clients} clients x {n} tokens: {clients * n / wall:.2f} tok/s in all, median gap "
+    print(f"{mode}: {clients} clients x {n} tokens: {clients * n / wall:.2f} tok/s in all, median gap "
           f"{1000 * statistics.median(gaps):.1f} ms, first piece after {statistics.median(t[0] for t in times):.2f} s "
           f"(median), pieces {sum(map(len, times))}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])

@@ -144,3 +144,43 @@ def test_a_servers_engine_loads_on_a_thread_that_takes_its_openmp_workers_with_i
     assert out.returncode == 0, out.stderr[-2000:]
     before, passing, after = map(int, out.stdout.split())
     assert passing == before and after > before, (before, passing, after)
+
+
+def test_decoding_from_two_living_threads_is_said_once_and_a_passing_one_is_not(tiny, monkeypatch, capsys):
+    """What `on_a_passing_thread` avoids for ggufspec's own server, a user of the Python API meets when they decode
+    from two threads that both live on (an Engine loaded and tried on the main thread, then served from another):
+    every llama_decode notes its thread (`llama.runtime.Decoders`), and once the OpenMP pools of the threads still
+    running outnumber the CPUs, one line says what it costs and what to do. A thread that has ended counts no more."""
+    import threading
+
+    from ggufspec import Engine
+    from ggufspec.llama import runtime
+
+    if "OPENMP" not in runtime.build_features():
+        pytest.skip("this llama.cpp build runs its threads without OpenMP: no pools to outnumber the CPUs")
+    monkeypatch.setattr(runtime, "DECODERS", runtime.Decoders())
+    monkeypatch.setattr(runtime.RUNTIME, "warned", set())
+    with Engine(str(tiny["target"]), n_ctx=256, n_threads=runtime._cpus(), measure=False) as engine:
+        def write():
+            return engine.generate("def f(x):", max_tokens=3, mode="target", ignore_eos=True).text
+
+        runtime.on_a_passing_thread(write)
+        alone = write()  # the main thread, after the passing one ended
+        assert capsys.readouterr().err == ""
+        go_on, done = threading.Event(), threading.Event()
+
+        def serve():
+            write()
+            done.set()
+            go_on.wait(60)
+
+        server = threading.Thread(target=serve, name="a-server")
+        server.start()
+        try:
+            assert done.wait(60)
+            assert write() == alone and write() == alone
+        finally:
+            go_on.set()
+            server.join()
+    said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(said) == 1 and "decoded on 2 threads of this process that still run (MainThread, a-server)" in said[0], said

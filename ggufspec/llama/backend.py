@@ -24,7 +24,8 @@ from .draft_fit import alone_misuse
 from .gguf_info import file_stamp, kv_cache_type, read_info
 from .system import default_threads  # noqa: F401 (rpc and doctor read it here)
 from .recurrent import Checkpoints, cannot_be_cut, fitted_rollback
-from .runtime import C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version, load_model, warn_once
+from .runtime import (C, Closing, buffers, build_features, create_context, decode_failed, init, llama_cpp_version,
+                      llama_decode, load_model, warn_once)
 from .runtime import set_verbose  # noqa: F401 (callers read it here)
 from .sequences import Reusing, aligned_pieces, reusable_prefix, sequences_of, set_sequence
 from .vocab import LlamaModel, VocabFacts
@@ -317,7 +318,7 @@ class Context(Closing, Reusing):
             if self.sequences:  # the batch's rows may hold other sequences' ids from a batch of several
                 set_sequence(self._batch, m, 0)
             self.checkpoints.batch_start = self.n_past
-            decode_failed(C.llama_decode(self._ctx, self._batch), m, self.n_past, self.n_ctx)
+            decode_failed(llama_decode(self._ctx, self._batch), m, self.n_past, self.n_ctx)
             for follower in self.followers:
                 follower.process(self.n_past, self._token_buf[:m])
             if self.canonical == self.n_past and m == self.chunk and self.n_past % self.chunk == 0:

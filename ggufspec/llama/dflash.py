@@ -23,7 +23,7 @@ from ..errors import GGUFSpecError
 from .heads import Follower, ext, follower_context
 from .hidden import check_layer_ids, check_target_on_host, extract_layers, layer_rows, target_layer_ids
 from .rows import RowBatch
-from .runtime import C, decode_failed
+from .runtime import C, decode_failed, llama_decode
 
 DEFAULT_BLOCK = 16  # llama.cpp's block size where the GGUF names none
 
@@ -121,7 +121,7 @@ class DflashHead(Follower):
             batch.pos[:n] = np.arange(start + i, start + i + n, dtype=np.int32)
             batch.batch.n_tokens = n
             began = time.perf_counter()
-            decode_failed(C.llama_decode(self._ctx, batch.batch), n, start + i, self.target.n_ctx)
+            decode_failed(llama_decode(self._ctx, batch.batch), n, start + i, self.target.n_ctx)
             self.seconds["inject"] += time.perf_counter() - began
         self.rows_fed += m
         self.n_past = start + m
@@ -147,7 +147,7 @@ class DflashHead(Follower):
         batch.out[: n + 1] = 1  # every row, as llama.cpp asks (its graph reads the outputs as the whole block)
         batch.batch.n_tokens = n + 1
         began = time.perf_counter()
-        decode_failed(C.llama_decode(self._ctx, batch.batch), n + 1, position, self.target.n_ctx)
+        decode_failed(llama_decode(self._ctx, batch.batch), n + 1, position, self.target.n_ctx)
         self.seconds["draft"] += time.perf_counter() - began
         self._drafted, self._next = n, 1
         return self._row(1)

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ..errors import GGUFSpecError
-from .runtime import C, decode_failed
+from .runtime import C, decode_failed, llama_decode, llama_encode
 from .sequences import planning
 
 
@@ -81,11 +81,11 @@ def decode_now(head, batch: RowBatch, n: int, encode: bool):
     """`run` at once: (logits, nextn) views of the output rows (every row for an encoder)."""
     batch.batch.n_tokens = n
     if encode:
-        if C.llama_encode(head._ctx, batch.batch) != 0:
+        if llama_encode(head._ctx, batch.batch) != 0:
             raise GGUFSpecError(f"{head.draft_model.path}: llama.cpp's {head.name} encoder failed on {n} rows")
         n_out = n
     else:
-        decode_failed(C.llama_decode(head._ctx, batch.batch), n, int(batch.pos[0]), head.target.n_ctx)
+        decode_failed(llama_decode(head._ctx, batch.batch), n, int(batch.pos[0]), head.target.n_ctx)
         n_out = int(np.count_nonzero(batch.out[:n]))
     if not n_out:
         return None, None

@@ -186,6 +186,58 @@ def on_a_passing_thread(load, close=lambda value: None):
     return box["value"]
 
 
+class Decoders:
+    """The threads that have decoded in this process, with the most threads llama.cpp ran for each (`llama_decode`).
+    libgomp, the OpenMP of llama.cpp's CPU builds, keeps a pool of workers for every thread that ran a decode for as
+    long as that thread lives, and once the pools together outnumber the CPUs it throttles every worker (see
+    `on_a_passing_thread`): decodes from two long-lived threads on 2 vCPUs ran a third slower. That is said once."""
+
+    def __init__(self):
+        self.threads: dict[threading.Thread, int] = {}
+
+    def note(self, ctx) -> None:
+        thread = threading.current_thread()
+        if thread in self.threads:
+            return
+        self.threads = {t: n for t, n in self.threads.items() if t.is_alive()}
+        self.threads[thread] = max(C.llama_n_threads(ctx), C.llama_n_threads_batch(ctx))
+        workers, cpus = sum(self.threads.values()), _cpus()
+        if len(self.threads) > 1 and workers > cpus and "OPENMP" in _features():
+            names = ", ".join(t.name for t in self.threads)
+            warn_once(f"ggufspec: llama.cpp has decoded on {len(self.threads)} threads of this process that still "
+                      f"run ({names}); its OpenMP runtime keeps {workers} threads for them on {cpus} CPUs, which slows "
+                      "every decode on the CPU (a third on 2 vCPUs): decode from one thread, or load on a thread "
+                      "that ends (ggufspec.llama.runtime.on_a_passing_thread; docs/api.md)")
+
+
+DECODERS = Decoders()
+
+
+def llama_decode(ctx, batch) -> int:
+    """C.llama_decode(ctx, batch): its return code, the thread noted (`Decoders`)."""
+    DECODERS.note(ctx)
+    return C.llama_decode(ctx, batch)
+
+
+def llama_encode(ctx, batch) -> int:
+    """C.llama_encode(ctx, batch): its return code, the thread noted (`Decoders`)."""
+    DECODERS.note(ctx)
+    return C.llama_encode(ctx, batch)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (libgomp counts these)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def _features() -> tuple[str, ...]:
+    return tuple(build_features())
+
+
 def _tasks() -> set[str]:
     """This process's threads (Linux; elsewhere none are seen)."""
     try:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ContextFullError, GGUFSpecError
 from .recurrent import Checkpoints
-from .runtime import C, decode_failed
+from .runtime import C, decode_failed, llama_decode
 
 
 def set_sequence(batch, n_rows: int, seq_id: int) -> None:
@@ -221,7 +221,7 @@ class _Batch:
             return
         ctx = self.ctx
         self.batch.n_tokens = self.m
-        decode_failed(C.llama_decode(ctx._ctx, self.batch), self.m, 0, ctx.n_ctx)
+        decode_failed(llama_decode(ctx._ctx, self.batch), self.m, 0, ctx.n_ctx)
         heard, self.heard = self.heard, []
         follow(heard)
         n_out = sum(n for _, n in self.rows)
