@@ -154,13 +154,13 @@ def test_decoding_from_two_living_threads_is_said_once_and_a_passing_one_is_not(
     import threading
 
     from ggufspec import Engine
-    from ggufspec.llama import runtime
+    from ggufspec.llama import runtime, system
 
     if "OPENMP" not in runtime.build_features():
         pytest.skip("this llama.cpp build runs its threads without OpenMP: no pools to outnumber the CPUs")
     monkeypatch.setattr(runtime, "DECODERS", runtime.Decoders())
     monkeypatch.setattr(runtime.RUNTIME, "warned", set())
-    with Engine(str(tiny["target"]), n_ctx=256, n_threads=runtime._cpus(), measure=False) as engine:
+    with Engine(str(tiny["target"]), n_ctx=256, n_threads=system.usable_cpus(), measure=False) as engine:
         def write():
             return engine.generate("def f(x):", max_tokens=3, mode="target", ignore_eos=True).text
 

@@ -201,8 +201,8 @@ class Decoders:
             return
         self.threads = {t: n for t, n in self.threads.items() if t.is_alive()}
         self.threads[thread] = max(C.llama_n_threads(ctx), C.llama_n_threads_batch(ctx))
-        workers, cpus = sum(self.threads.values()), _cpus()
-        if len(self.threads) > 1 and workers > cpus and "OPENMP" in _features():
+        workers, cpus = sum(self.threads.values()), system.usable_cpus()
+        if len(self.threads) > 1 and workers > cpus and "OPENMP" in build_features():
             names = ", ".join(t.name for t in self.threads)
             warn_once(f"ggufspec: llama.cpp has decoded on {len(self.threads)} threads of this process that still "
                       f"run ({names}); its OpenMP runtime keeps {workers} threads for them on {cpus} CPUs, which slows "
@@ -223,19 +223,6 @@ def llama_encode(ctx, batch) -> int:
     """C.llama_encode(ctx, batch): its return code, the thread noted (`Decoders`)."""
     DECODERS.note(ctx)
     return C.llama_encode(ctx, batch)
-
-
-def _cpus() -> int:
-    """The CPUs this process may run on (libgomp counts these)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-@functools.cache
-def _features() -> tuple[str, ...]:
-    return tuple(build_features())
 
 
 def _tasks() -> set[str]:

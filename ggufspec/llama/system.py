@@ -191,6 +191,14 @@ def default_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
+def usable_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity, as libgomp counts them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call here (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def busy_elsewhere(seconds: float = 0.5) -> float:
     """How many logical CPUs other processes kept busy over the next `seconds` (this process's own time, its
     threads included, left out): the machine's load as decoding would feel it now."""
