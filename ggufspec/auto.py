@@ -65,8 +65,12 @@ class AutoDrafter(Drafter):
         self.extra_rows = 1.0
         # Past exact_kv a round is one batch whose rows are judged with a margin, and a near-tie is decoded again:
         # (ties, rows judged) seen, decayed, from a prior (none where no margin is kept)
-        self.ties = (self.tie_prior[0] if verification.tie_margin > 0 else 0.0, self.tie_prior[1])
-        self._corrected_with = (1.0, 0.0)  # (extra_rows, tie_rate) the table self.costs is corrected with
+        # (none where no margin is kept); a copy's rows apart, from their own prior (copy_tie_prior)
+        margin = verification.tie_margin > 0
+        self.ties = (self.tie_prior[0] if margin else 0.0, self.tie_prior[1])
+        self.copy_ties = (self.copy_tie_prior[0] if margin else 0.0, self.copy_tie_prior[1])
+        self._corrected_with = (1.0, 0.0, 0.0)  # (extra_rows, tie_rate, copy_tie_rate) the tables are corrected with
+        self.copy_costs = costs  # the table a lookup copy is planned with (near-ties at copy_tie_rate)
         self._correct()
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
@@ -244,7 +248,7 @@ class AutoDrafter(Drafter):
 
         def of(n: int, one_batch: bool) -> float:  # at the per-token alpha of the same survival (which chunks run)
             limit = None if one_batch else self.verification.batch_limit(n_past + n + 1)
-            return self.costs.round_speedup(expected[n], n, 0.0, limit, round(survive[n] ** (1.0 / n), 3))
+            return self.copy_costs.round_speedup(expected[n], n, 0.0, limit, round(survive[n] ** (1.0 / n), 3))
 
         lengths = range(1, len(alphas) + 1)
         may = self.verification.may_batch and agreement >= self.one_batch_agreement and any(
@@ -305,7 +309,8 @@ class AutoDrafter(Drafter):
         rows = r.n_drafted + 1
         one_batch = r.draft.one_batch  # a copy planned in one batch is verified as past exact_kv is
         if r.n_drafted and r.target_seconds > 0 and self.verification.round_limit(r.n_past + rows, one_batch) is None:
-            self._learn_ties(r.ties_settled, r.n_accepted + 1)  # one batch judged with a margin: its rows used
+            self._learn_ties(r.ties_settled, r.n_accepted + 1, copy=source == "lookup")  # one batch judged with a
+            # margin: its rows used
         # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
         if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past, one_batch) and not r.ties_settled \
@@ -331,28 +336,54 @@ class AutoDrafter(Drafter):
         self._set_extra_rows(self.extra_rows + weight * (seen - self.extra_rows))
 
     tie_prior = (0.3, 10.0)  # a near-tie in some thirty judged rows until the text shows its own (prose on the Qwen pair: 1 in 9)
+    # The rows of a lookup copy are the target copying its context, which it does surely: on the Q4_K_M Qwen pair's
+    # edit and fix suites past 256 cached tokens, copies of up to 63 tokens verified in one batch met no near-tie
+    # (gap under 0.64) in some 550 rows, where the prose prior above would expect 16 and price a 63-token copy at 9
+    # steps of re-checks (its 15-token copies won). A text whose copies do meet near-ties teaches that within ~50 rows.
+    copy_tie_prior = (0.05, 25.0)
     tie_decay = 0.98  # per judged row: the text's last fifty or so rows
 
-    def _learn_ties(self, ties: int, rows: int) -> None:
+    def _learn_ties(self, ties: int, rows: int, copy: bool = False) -> None:
         decay = self.tie_decay ** rows
-        self.ties = (self.ties[0] * decay + ties, self.ties[1] * decay + rows)
+        was = self.copy_ties if copy else self.ties
+        now = (was[0] * decay + ties, was[1] * decay + rows)
+        if copy:
+            self.copy_ties = now
+        else:
+            self.ties = now
         self._correct()
 
     @property
     def tie_rate(self) -> float:
-        """The chance that a row judged with a margin is a near-tie, here in this text."""
+        """The chance that a row judged with a margin is a near-tie, here in this text (a copy's rows apart)."""
         return self.ties[0] / self.ties[1]
+
+    @property
+    def copy_tie_rate(self) -> float:
+        """The chance that a row of a lookup copy, judged with a margin, is a near-tie here."""
+        return self.copy_ties[0] / self.copy_ties[1]
 
     def _set_extra_rows(self, extra: float) -> None:
         self.extra_rows = extra
         self._correct()
 
     def _correct(self) -> None:
-        """The table auto plans with: the measured one corrected by extra_rows and tie_rate, rebuilt where they moved."""
-        (extra, ties), (was_extra, was_ties) = (self.extra_rows, self.tie_rate), self._corrected_with
-        if abs(extra - was_extra) > 0.01 * extra or abs(ties - was_ties) > 0.005:
-            self._corrected_with = (extra, ties)
+        """The tables auto plans with: the measured one corrected by extra_rows and tie_rate (copy_tie_rate for a
+        copy's), rebuilt where they moved (by a tenth of a tie rate: the copies' is a few in a thousand)."""
+        (extra, ties, copy_ties), (was_extra, was_ties, was_copy) = (
+            (self.extra_rows, self.tie_rate, self.copy_tie_rate), self._corrected_with)
+
+        def moved(now: float, was: float) -> bool:
+            return abs(now - was) > max(0.0005, 0.1 * max(now, was))
+
+        new_extra = abs(extra - was_extra) > 0.01 * extra
+        if new_extra or moved(ties, was_ties):
             self.costs = self.measured.corrected(extra, ties)
+            was_ties = ties
+        if new_extra or moved(copy_ties, was_copy):
+            self.copy_costs = self.measured.corrected(extra, copy_ties)
+            was_copy = copy_ties
+        self._corrected_with = (extra if new_extra else was_extra, was_ties, was_copy)
 
 
 def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, model: ModelDrafter | None = None,
