@@ -247,8 +247,14 @@ class AutoDrafter(Drafter):
             expected.append(expected[-1] + survive[-1])
 
         def of(n: int, one_batch: bool) -> float:  # at the per-token alpha of the same survival (which chunks run)
-            limit = None if one_batch else self.verification.batch_limit(n_past + n + 1)
-            return self.copy_costs.round_speedup(expected[n], n, 0.0, limit, round(survive[n] ** (1.0 / n), 3))
+            exact = self.verification.batch_limit(n_past + n + 1)
+            # past exact_kv, where every round is one batch, the rows of a copy agreeing far back are priced at the
+            # copies' near-tie rate. A copy taken out of exact chunks into one batch, or a short-agreement one, keeps
+            # the general rate's price: each batch writes rows one-token decoding would not, and a later step's
+            # near-tie (not re-checked) can turn on them (fix-3 on Zen 3 left the target's text at token 37 after a
+            # 1-token copy, rejected, that the cheaper price let through at 260 cached tokens)
+            costs = self.copy_costs if exact is None and agreement >= self.one_batch_agreement else self.costs
+            return costs.round_speedup(expected[n], n, 0.0, None if one_batch else exact, round(survive[n] ** (1.0 / n), 3))
 
         lengths = range(1, len(alphas) + 1)
         may = self.verification.may_batch and agreement >= self.one_batch_agreement and any(
