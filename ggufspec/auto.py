@@ -64,8 +64,8 @@ class AutoDrafter(Drafter):
         # dearer must stop the next round drafting).
         self.extra_rows = 1.0
         # Past exact_kv a round is one batch whose rows are judged with a margin, and a near-tie is decoded again:
-        # (ties, rows judged) seen, decayed, from a prior (none where no margin is kept)
-        # (none where no margin is kept); a copy's rows apart, from their own prior (copy_tie_prior)
+        # (ties, rows judged) seen, decayed, from a prior (none where no margin is kept); a copy's rows apart, from
+        # their own prior (copy_tie_prior)
         margin = verification.tie_margin > 0
         self.ties = (self.tie_prior[0] if margin else 0.0, self.tie_prior[1])
         self.copy_ties = (self.copy_tie_prior[0] if margin else 0.0, self.copy_tie_prior[1])
@@ -315,8 +315,8 @@ class AutoDrafter(Drafter):
         rows = r.n_drafted + 1
         one_batch = r.draft.one_batch  # a copy planned in one batch is verified as past exact_kv is
         if r.n_drafted and r.target_seconds > 0 and self.verification.round_limit(r.n_past + rows, one_batch) is None:
-            self._learn_ties(r.ties_settled, r.n_accepted + 1, copy=source == "lookup")  # one batch judged with a
-            # margin: its rows used
+            # one batch judged with a margin: its rows used, a copy's apart
+            self._learn_ties(r.ties_settled, r.n_accepted + 1, copy=source == "lookup")
         # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
         if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past, one_batch) and not r.ties_settled \
