@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from .core import DRAFTING_MODES, HEAD_MODES, Draft, Round
+from .corrections import CostCorrections
 from .costs import MARGIN, MAX_BATCH, Costs, expected_tokens
 from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
@@ -57,21 +58,8 @@ class AutoDrafter(Drafter):
                  model: ModelDrafter | None = None, model_max: int | None = None, lookup_max: int | None = None,
                  draft_cost: float | None = None, model_p_min: float | None = None, heads: dict | None = None):
         self.verification = verification  # how rounds are verified (which batches, up to which cache length)
-        self.measured = self.costs = costs  # what decoding costs here (measured at load; costs: as corrected now)
-        # What a verified row beyond the first costs now over what the table says: the table is measured in a short
-        # cache, and in a long one every row attends to every cached token (a batch there costs more steps): from the
-        # table's measured depth at first (reset), then from each timed verify, fast (a round that shows batches
-        # dearer must stop the next round drafting).
-        self.extra_rows = 1.0
-        # Past exact_kv a round is one batch whose rows are judged with a margin, and a near-tie is decoded again:
-        # (ties, rows judged) seen, decayed, from a prior (none where no margin is kept); a copy's rows apart, from
-        # their own prior (copy_tie_prior)
-        margin = verification.tie_margin > 0
-        self.ties = (self.tie_prior[0] if margin else 0.0, self.tie_prior[1])
-        self.copy_ties = (self.copy_tie_prior[0] if margin else 0.0, self.copy_tie_prior[1])
-        self._corrected_with = (1.0, 0.0, 0.0)  # (extra_rows, tie_rate, copy_tie_rate) the tables are corrected with
-        self.copy_costs = costs  # the table a lookup copy is planned with (near-ties at copy_tie_rate)
-        self._correct()
+        # what decoding costs here (measured at load), and as the rounds show it now (`costs`, `copy_costs`)
+        self.measured, self.corrections = costs, CostCorrections(costs, margin=verification.tie_margin > 0)
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
@@ -115,13 +103,18 @@ class AutoDrafter(Drafter):
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self.lookup.reset(prompt_tokens)
-        self._set_extra_rows(max(self.extra_rows, self.measured.rows_at(len(prompt_tokens))))  # a long prompt's rows
+        self.corrections.at_least_floor(len(prompt_tokens))  # a long prompt's rows
         if self.model is not None:
             # With the prompt, as in draft mode, where the model may pay (the prompt's time, not the first
             # round's); elsewhere lazily: the draft catches up only if and when it is used.
             self.model.reset(prompt_tokens, reuse=reuse, lazy=self.lazy_model or not self.model_may_pay())
 
     # -- costs --------------------------------------------------------------------------------
+
+    @property
+    def costs(self) -> Costs:
+        """The table planned with now: the measured one corrected by what the rounds showed (`corrections`)."""
+        return self.corrections.costs
 
     @property
     def draft_cost(self) -> float | None:
@@ -253,7 +246,7 @@ class AutoDrafter(Drafter):
             # the general rate's price: each batch writes rows one-token decoding would not, and a later step's
             # near-tie (not re-checked) can turn on them (fix-3 on Zen 3 left the target's text at token 37 after a
             # 1-token copy, rejected, that the cheaper price let through at 260 cached tokens)
-            costs = self.copy_costs if exact is None and agreement >= self.one_batch_agreement else self.costs
+            costs = self.corrections.copy_costs if exact is None and agreement >= self.one_batch_agreement else self.costs
             return costs.round_speedup(expected[n], n, 0.0, None if one_batch else exact, round(survive[n] ** (1.0 / n), 3))
 
         lengths = range(1, len(alphas) + 1)
@@ -316,80 +309,16 @@ class AutoDrafter(Drafter):
         one_batch = r.draft.one_batch  # a copy planned in one batch is verified as past exact_kv is
         if r.n_drafted and r.target_seconds > 0 and self.verification.round_limit(r.n_past + rows, one_batch) is None:
             # one batch judged with a margin: its rows used, a copy's apart
-            self._learn_ties(r.ties_settled, r.n_accepted + 1, copy=source == "lookup")
+            self.corrections.learn_ties(r.ties_settled, r.n_accepted + 1, copy=source == "lookup")
         # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
         if r.target_seconds > 0 and self.verification.one_call(rows, r.n_past, one_batch) and not r.ties_settled \
                 and not r.shared:
             self.target_scale = self._rescale(self.target_scale, r.target_seconds, self.costs.batch_seconds(rows))
             if rows > 1:
-                self._learn_extra_rows(r.target_seconds, rows)
-            elif self.extra_rows > (floor := self.measured.rows_at(r.n_past)):  # undrafted rounds teach nothing of
-                self._set_extra_rows(floor + (self.extra_rows - floor) * self.extra_rows_fade)  # batches: a stall fades
-
-    # How far one verify may move extra_rows, and how much of the way it goes: a batch dearer than the table is
-    # believed at once (drafting on would lose every round), a cheaper one more slowly (one fast batch is no trend).
-    extra_rows_clip = (0.5, 8.0)
-    extra_rows_fade = 0.97  # per undrafted round: a dear batch is tried again some 20 rounds later, a stall forgotten
-
-    def _learn_extra_rows(self, seconds: float, rows: int) -> None:
-        table = self.measured.batch_seconds(rows) - self.measured.batch_seconds(1)
-        if table <= 0:
-            return
-        seen = (seconds - self.step_cost) / (table * self.target_scale)
-        seen = min(self.extra_rows_clip[1], max(self.extra_rows_clip[0], seen))
-        weight = 0.7 if seen > self.extra_rows else 0.3
-        self._set_extra_rows(self.extra_rows + weight * (seen - self.extra_rows))
-
-    tie_prior = (0.3, 10.0)  # a near-tie in some thirty judged rows until the text shows its own (prose on the Qwen pair: 1 in 9)
-    # The rows of a lookup copy are the target copying its context, which it does surely: on the Q4_K_M Qwen pair's
-    # edit and fix suites past 256 cached tokens, copies of up to 63 tokens verified in one batch met no near-tie
-    # (gap under 0.64) in some 550 rows, where the prose prior above would expect 16 and price a 63-token copy at 9
-    # steps of re-checks (its 15-token copies won). A text whose copies do meet near-ties teaches that within ~50 rows.
-    copy_tie_prior = (0.05, 25.0)
-    tie_decay = 0.98  # per judged row: the text's last fifty or so rows
-
-    def _learn_ties(self, ties: int, rows: int, copy: bool = False) -> None:
-        decay = self.tie_decay ** rows
-        was = self.copy_ties if copy else self.ties
-        now = (was[0] * decay + ties, was[1] * decay + rows)
-        if copy:
-            self.copy_ties = now
-        else:
-            self.ties = now
-        self._correct()
-
-    @property
-    def tie_rate(self) -> float:
-        """The chance that a row judged with a margin is a near-tie, here in this text (a copy's rows apart)."""
-        return self.ties[0] / self.ties[1]
-
-    @property
-    def copy_tie_rate(self) -> float:
-        """The chance that a row of a lookup copy, judged with a margin, is a near-tie here."""
-        return self.copy_ties[0] / self.copy_ties[1]
-
-    def _set_extra_rows(self, extra: float) -> None:
-        self.extra_rows = extra
-        self._correct()
-
-    def _correct(self) -> None:
-        """The tables auto plans with: the measured one corrected by extra_rows and tie_rate (copy_tie_rate for a
-        copy's), rebuilt where they moved (by a tenth of a tie rate: the copies' is a few in a thousand)."""
-        (extra, ties, copy_ties), (was_extra, was_ties, was_copy) = (
-            (self.extra_rows, self.tie_rate, self.copy_tie_rate), self._corrected_with)
-
-        def moved(now: float, was: float) -> bool:
-            return abs(now - was) > max(0.0005, 0.1 * max(now, was))
-
-        new_extra = abs(extra - was_extra) > 0.01 * extra
-        if new_extra or moved(ties, was_ties):
-            self.costs = self.measured.corrected(extra, ties)
-            was_ties = ties
-        if new_extra or moved(copy_ties, was_copy):
-            self.copy_costs = self.measured.corrected(extra, copy_ties)
-            was_copy = copy_ties
-        self._corrected_with = (extra if new_extra else was_extra, was_ties, was_copy)
+                self.corrections.learn_rows(r.target_seconds, rows, self.target_scale)
+            else:
+                self.corrections.fade(r.n_past)
 
 
 def make_drafter(mode: str, verification: Verification, costs: Costs | None, *, model: ModelDrafter | None = None,

@@ -498,7 +498,7 @@ def test_in_a_long_cache_where_batches_cost_more_than_the_table_says_auto_stops_
             n += len(r.tokens)
             sources.append(r.source)
             if drafter is not None and r.source == "draft":
-                learnt = auto.extra_rows  # what it learnt of a verified row here (2.5)
+                learnt = auto.corrections.extra_rows  # what it learnt of a verified row here (2.5)
         rates[name] = n / (clock.now - start)
     if depth == "measured":
         assert "draft" not in sources and rates["auto"] >= 0.995 * rates["plain"], (sources, rates)
@@ -534,12 +534,12 @@ def test_one_dear_verify_is_believed_at_once_and_forgotten_after_plain_rounds():
     dear = Round(tokens=[1, 2, 3, 4], n_past=900, n_drafted=3, n_accepted=3, draft_seconds=0.0,
                  target_seconds=step * 4.0, draft=Draft(tokens=[1, 2, 3], source="lookup"))  # 3 steps beyond the first
     auto.observe(dear)
-    assert auto.extra_rows > 2.0 and auto.costs.batch_seconds(4) > 1.4 * table.batch_seconds(4)
+    assert auto.corrections.extra_rows > 2.0 and auto.costs.batch_seconds(4) > 1.4 * table.batch_seconds(4)
     assert auto.rate(0.6, 3, 0.0, 904) < 1 / step  # a copy of 3 that is right 60% of the time no longer pays
     for i in range(90):  # (a copy verified past exact_kv also pays for the near-ties it may meet: tie_rate)
         auto.observe(Round(tokens=[5], n_past=904 + i, n_drafted=0, n_accepted=0, draft_seconds=0.0,
                            target_seconds=step, draft=Draft(tokens=[], source="target")))
-    assert auto.extra_rows < 1.15 and auto.rate(0.6, 3, 0.0, 994) > 1 / step
+    assert auto.corrections.extra_rows < 1.15 and auto.rate(0.6, 3, 0.0, 994) > 1 / step
 
 
 def test_near_ties_past_the_exact_cache_make_drafts_dear_there_and_nowhere_else():
@@ -555,7 +555,7 @@ def test_near_ties_past_the_exact_cache_make_drafts_dear_there_and_nowhere_else(
     for i in range(12):  # rounds of 4 drafts, 2 kept, each meeting a near-tie
         auto.observe(Round(tokens=[1, 2, 3], n_past=900 + 3 * i, n_drafted=4, n_accepted=2, draft_seconds=0.0,
                            target_seconds=4 * step, ties_settled=1, draft=Draft(tokens=[1, 2, 3, 4], source="draft")))
-    assert auto.tie_rate > 0.25 and fresh.tie_rate < 0.05
+    assert auto.corrections.tie_rate > 0.25 and fresh.corrections.tie_rate < 0.05
 
     def best(a, n_past):
         return max(range(9), key=lambda n: a.rate(0.8, n, 0.01, n_past) if n else 1 / step)
@@ -768,11 +768,11 @@ def test_a_long_copy_is_planned_in_one_batch_where_exact_chunks_cost_more():
     # copies kept half the time: a short draft, in one batch of 4 a little cheaper than chunks of 3 + 1, stays exact
     _, short = planned(cpu_q4km_like(), None, kept=0.5)
     assert short.source in ("lookup", "target") and not short.one_batch
-    before = auto.copy_tie_rate
+    before = auto.corrections.copy_tie_rate
     for a, draft in ((auto, d), (chunked, e)):
         a.observe(Round(tokens=[1] * 4, n_past=len(history) - 1, n_drafted=len(draft.tokens), n_accepted=3,
                         target_seconds=0.5, ties_settled=1, draft=draft))
-    assert auto.copy_tie_rate > before and chunked.copy_tie_rate == before
+    assert auto.corrections.copy_tie_rate > before and chunked.corrections.copy_tie_rate == before
 
 
 def test_a_copy_kept_whole_past_the_exact_cache_is_drafted_at_its_longest_its_near_ties_learnt_apart():
@@ -798,16 +798,16 @@ def test_a_copy_kept_whole_past_the_exact_cache_is_drafted_at_its_longest_its_ne
     d = planned(auto)
     assert d.source == "lookup" and d.tokens == block[40:103]
     prose = AutoDrafter(Verification.of(table), table, lookup=LookupDrafter())
-    prose.copy_ties = prose.tie_prior
-    prose._correct()
+    prose.corrections.copy_ties = prose.corrections.tie_prior
+    prose.corrections.correct()
     assert len(planned(prose).tokens) <= 16
-    general = auto.tie_rate
+    general = auto.corrections.tie_rate
     for i in range(6):  # copies meeting a near-tie every 8 rows
         auto.observe(Round(tokens=[1] * 8, n_past=300 + 8 * i, n_drafted=15, n_accepted=7, target_seconds=0.6,
                            ties_settled=1, draft=Draft(tokens=[1] * 15, source="lookup", agreement=32)))
-    assert auto.copy_tie_rate > 0.08 and auto.tie_rate == general
+    assert auto.corrections.copy_tie_rate > 0.08 and auto.corrections.tie_rate == general
     assert len(planned(auto).tokens) < 32
     for i in range(6):
         auto.observe(Round(tokens=[1] * 8, n_past=400 + 8 * i, n_drafted=8, n_accepted=7, target_seconds=0.6,
                            ties_settled=1, draft=Draft(tokens=[1] * 8, source="draft")))
-    assert auto.tie_rate > general
+    assert auto.corrections.tie_rate > general
