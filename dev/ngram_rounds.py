@@ -20,7 +20,7 @@ llama-cpp-python pins; ../shared/tools/llama-cpp-reference unpacks it):
 None reads --spec-draft-n-max, none weighs what a verify batch costs.
 
     python dev/ngram_rounds.py [PAIR] [--suites edit,fix] [-n 96] [--modes lookup,auto]
-                               [--types ngram-simple,ngram-map-k,ngram-mod] [--rounds] [--bin DIR]
+                               [--types ngram-simple,ngram-map-k,ngram-mod] [--rounds] [--limit N] [--bin DIR]
 
 --bin (or LLAMA_CPP_REFERENCE_BIN): llama.cpp's programs, from ../shared/tools/llama-cpp-reference. Timings mean
 something only on a quiet machine; name the CPU (`ggufspec doctor`) beside them.
@@ -170,6 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", action="store_true", help="every drafting round, not only the summary")
     ap.add_argument("--bin", default=os.environ.get("LLAMA_CPP_REFERENCE_BIN"))
     ap.add_argument("--offline", action="store_true")
+    ap.add_argument("--limit", type=int, default=None, help="the first N prompts of each suite (the bench's: 2)")
     a = ap.parse_args(argv)
     if not a.bin:
         print("ngram_rounds: give --bin DIR (or LLAMA_CPP_REFERENCE_BIN): llama.cpp's programs, from "
@@ -179,7 +180,7 @@ def main(argv=None) -> int:
         target, draft, _ = resolve_models(a.pair, None, None, offline=a.offline)
         with Engine(target, draft, n_ctx=2048) as engine:
             for suite in a.suites.split(","):
-                for p in load_suite(suite):
+                for p in load_suite(suite)[:a.limit]:
                     tokens = prompt_tokens(engine, p)
                     runs = [ours(engine, tokens, mode, a.n) for mode in a.modes.split(",") if mode]
                     runs += [theirs(Path(a.bin), engine, prompt_text(engine, p), t, a.n) for t in a.types.split(",") if t]

@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -7,6 +8,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny import write_tiny_model  # noqa: E402
 from ggufspec.llama.system import busy_elsewhere as REAL_BUSY_ELSEWHERE  # noqa: E402  (quiet_cpus replaces it)
+
+# A shell's background job (`.ci/run &`, nohup) starts with SIGINT ignored, and its children inherit that: the tests
+# of Ctrl-C would see ggufspec run on. Restored here, so the processes the tests start take SIGINT as a user's do.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The real models live where scripts/fetch_offline_models.py put them, read before any test
 # points GGUFSPEC_MODELS_DIR at a temporary directory.
