@@ -768,11 +768,13 @@ def test_a_long_copy_is_planned_in_one_batch_where_exact_chunks_cost_more():
     # copies kept half the time: a short draft, in one batch of 4 a little cheaper than chunks of 3 + 1, stays exact
     _, short = planned(cpu_q4km_like(), None, kept=0.5)
     assert short.source in ("lookup", "target") and not short.one_batch
-    before = auto.corrections.copy_tie_rate
+    # (taken out of exact chunks, it was priced at the general near-tie rate, and teaches that one)
+    before = (auto.corrections.tie_rate, auto.corrections.copy_tie_rate)
     for a, draft in ((auto, d), (chunked, e)):
         a.observe(Round(tokens=[1] * 4, n_past=len(history) - 1, n_drafted=len(draft.tokens), n_accepted=3,
                         target_seconds=0.5, ties_settled=1, draft=draft))
-    assert auto.corrections.copy_tie_rate > before and chunked.corrections.copy_tie_rate == before
+    assert auto.corrections.tie_rate > before[0] and auto.corrections.copy_tie_rate == before[1]
+    assert (chunked.corrections.tie_rate, chunked.corrections.copy_tie_rate) == before
 
 
 def test_a_copy_kept_whole_past_the_exact_cache_is_drafted_at_its_longest_its_near_ties_learnt_apart():
@@ -811,3 +813,10 @@ def test_a_copy_kept_whole_past_the_exact_cache_is_drafted_at_its_longest_its_ne
         auto.observe(Round(tokens=[1] * 8, n_past=400 + 8 * i, n_drafted=8, n_accepted=7, target_seconds=0.6,
                            ties_settled=1, draft=Draft(tokens=[1] * 8, source="draft")))
     assert auto.corrections.tie_rate > general
+    # a copy agreeing over a few tokens only, or resumed past a changed token, is priced as other rounds are (the
+    # general rate), and its near-ties teach that rate, not the long copies'
+    copies, general = auto.corrections.copy_ties, auto.corrections.tie_rate
+    for agreement, resumed in ((4, False), (32, True)):
+        auto.observe(Round(tokens=[1] * 2, n_past=500, n_drafted=3, n_accepted=1, target_seconds=0.3, ties_settled=1,
+                           draft=Draft(tokens=[1] * 3, source="lookup", agreement=agreement, resumed=resumed)))
+    assert auto.corrections.copy_ties == copies and auto.corrections.tie_rate > general
