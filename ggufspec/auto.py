@@ -58,8 +58,8 @@ class AutoDrafter(Drafter):
                  model: ModelDrafter | None = None, model_max: int | None = None, lookup_max: int | None = None,
                  draft_cost: float | None = None, model_p_min: float | None = None, heads: dict | None = None):
         self.verification = verification  # how rounds are verified (which batches, up to which cache length)
-        # what decoding costs here (measured at load), and as the rounds show it now (`costs`, `copy_costs`)
-        self.measured, self.corrections = costs, CostCorrections(costs, margin=verification.tie_margin > 0)
+        # what decoding costs here: measured at load, and as the rounds show it now (`costs`, `copy_costs`)
+        self.corrections = CostCorrections(costs, margin=verification.tie_margin > 0)
         self.lookup, self.model = lookup, model
         self.model_max = model_max  # the draft model's longest draft (--draft-max); None: the round's budget
         self.lookup_max = lookup_max  # a lookup draft's longest (--lookup-max); None: the round's budget
@@ -241,7 +241,7 @@ class AutoDrafter(Drafter):
 
         def of(n: int, one_batch: bool) -> float:  # at the per-token alpha of the same survival (which chunks run)
             exact = self.verification.batch_limit(n_past + n + 1)
-            costs = self.corrections.copy_costs if self._copy_priced(agreement, n_past, n + 1) else self.costs
+            costs = self.corrections.copy_costs if self._copy_priced(agreement, exact) else self.costs
             return costs.round_speedup(expected[n], n, 0.0, None if one_batch else exact, round(survive[n] ** (1.0 / n), 3))
 
         lengths = range(1, len(alphas) + 1)
@@ -258,14 +258,14 @@ class AutoDrafter(Drafter):
         rate.one_batch = set()
         return rate
 
-    def _copy_priced(self, agreement: int, n_past: int, rows: int) -> bool:
-        """Whether a copy's round of `rows` rows is planned with the copies' near-tie rate, and teaches it: past
-        exact_kv, where every round is one batch, a copy agreeing over `one_batch_agreement` tokens (a resumed one
-        agrees over none). A copy taken out of exact chunks into one batch, or a short-agreement one, is priced and
+    def _copy_priced(self, agreement: int, exact: int | None) -> bool:
+        """Whether a copy's round is planned with the copies' near-tie rate, and teaches it: past exact_kv (`exact`,
+        the round's batch_limit, None), where every round is one batch, a copy agreeing over `one_batch_agreement`
+        tokens (a resumed one agrees over none). A copy taken out of exact chunks into one batch, or a short-agreement one, is priced and
         learnt as other rounds are: each batch writes rows one-token decoding would not, and a later step's near-tie
         (not re-checked) can turn on them (fix-3 on Zen 3 left the target's text at token 37 after a 1-token copy,
         rejected, that the copies' price let through at 260 cached tokens)."""
-        return agreement >= self.one_batch_agreement and self.verification.batch_limit(n_past + rows) is None
+        return agreement >= self.one_batch_agreement and exact is None
 
     def _learn_copy(self, draft: Draft, accepted: int, drafted: int) -> None:
         """Each token of a copy up to the first rejected one teaches the estimate it was planned with (copy_alphas)."""
@@ -313,7 +313,8 @@ class AutoDrafter(Drafter):
         one_batch = r.draft.one_batch  # a copy planned in one batch is verified as past exact_kv is
         if r.n_drafted and r.target_seconds > 0 and self.verification.round_limit(r.n_past + rows, one_batch) is None:
             # one batch judged with a margin: its rows used, a copy's apart where it was priced apart
-            copy = source == "lookup" and self._copy_priced(0 if r.draft.resumed else r.draft.agreement, r.n_past, rows)
+            copy = source == "lookup" and self._copy_priced(0 if r.draft.resumed else r.draft.agreement,
+                                                            self.verification.batch_limit(r.n_past + rows))
             self.corrections.learn_ties(r.ties_settled, r.n_accepted + 1, copy=copy)
         # a round timed as one decode teaches the target's speed (a Llama's rounds are not timed)
         # (a batch shared with other sequences times them all: it says nothing of this stream's own rows)
