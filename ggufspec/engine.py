@@ -18,12 +18,12 @@ from typing import Iterator
 
 from .auto import make_drafter
 from .llama.backend import Closing, Context, Model
-from .llama.gguf_info import read_info
 from .llama.dflash import DflashHead
 from .llama.draft_fit import is_mtp_file, mtp_file_misfit
 from .llama.heads import MtpHead, check_mtp
 from .llama.hidden import Eagle3Head
 from .llama.recurrent import ROLLBACK_ROWS
+from .llama.repack import load as repack_load
 from .llama.sequences import decode_together, together
 from .llama.runtime import set_verbose, warn_once
 from .llama.compat import check_compatible, text_pairing
@@ -35,7 +35,7 @@ from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import (Chunk, Generation, GenerationSettings, Result, check_messages, check_prompt_tokens, check_text,
                          keeps_its_error, resolve_settings)
 from .serving import Batch
-from .llama.gguf_info import check_kv_cache_types, kv_cache_type
+from .llama.gguf_info import check_kv_cache_types, kv_cache_type, read_info
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
 from .llama.system import check_threads
@@ -63,13 +63,15 @@ class Engine(Closing):
     shared by them all; kv_unified: one KV cache for them (llama.cpp's -kvu; llama.sequences says what it costs).
     prompt_chunk: prompts are decoded in chunks of this many tokens at multiples of it (default n_batch), and a
     later prompt that begins the same keeps the whole chunks it shares (reuse_prompt), bit-identically.
+    repack: llama.cpp's CPU weight repacking for both models (llama.cpp's --repack / --no-repack); None: as
+    measured faster here, once per model and machine (`llama.repack`), where measuring is allowed.
     """
 
     def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_gpu_layers: int = 0, draft_n_gpu_layers: int = 0, verbose: bool = False, measure: bool = True,
                  remeasure: bool = False, rpc=None, devices=None, draft_devices=None, cpu_moe: int = 0,
                  type_k: str = "f16", type_v: str = "f16", mtp: bool = True, n_seq: int = 1, kv_unified: bool = False,
-                 prompt_chunk: int | None = None):
+                 prompt_chunk: int | None = None, repack: bool | None = None):
         check_count(n_ctx, "-c/--ctx-size", 8)
         if prompt_chunk is not None:
             check_count(prompt_chunk, "--prompt-chunk", 1)
@@ -88,12 +90,12 @@ class Engine(Closing):
         self.heads: dict = {}  # heads following the target's hidden states, by name: mtp, eagle3, dflash
         self.slot_heads: list[dict] = [{} for _ in range(n_seq)]  # each sequence's (heads: sequence 0's)
         self.file_head: str | None = None  # the head the -md file is (an mtp-*.gguf, an eagle3 or dflash draft)
-        # Which devices each model may use (llama.cpp's -dev / -devd); with RPC servers the target
-        # spreads over them and the draft stays on this machine.
+        # Which devices each model may use (-dev / -devd); RPC servers take the target's layers, not the draft's.
         target_devices, draft_devices = devices_for(rpc, devices, draft_devices)
         try:
-            self.target_model = Model(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
-                                      cpu_moe=cpu_moe, mtp=bool(mtp))
+            self._load = dict(repack=repack, measure=measure or remeasure, n_threads=n_threads)  # repack.load's
+            self.target_model = repack_load(target, n_gpu_layers=n_gpu_layers, role="target", devices=target_devices,
+                                            cpu_moe=cpu_moe, mtp=bool(mtp), **self._load)
             check_kv_cache_types(self.target_model.info, *cache_types)
             shape = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, cache_types=cache_types, n_seq=n_seq,
                          kv_unified=kv_unified, prompt_chunk=prompt_chunk)  # both contexts'
@@ -102,8 +104,7 @@ class Engine(Closing):
         except BaseException:
             self.close()
             raise
-        # Costs of a decode here and the largest bit-exact batch: measured once, then cached
-        # (remeasure=True measures again, e.g. after the machine's load or clocks changed).
+        # Costs of a decode here and the largest bit-exact batch: measured once, then cached (remeasure: again).
         self.costs = (costs_for(self.target_ctx, self.draft_ctx, refresh=remeasure, heads=list(self.heads.values()))
                       if measure or remeasure else None)
         if self.costs is not None:
@@ -142,7 +143,7 @@ class Engine(Closing):
                                                                          n_threads=shape["n_threads"]))
             self.file_head, draft = info.architecture, None
         if draft is not None:
-            self.draft_model = Model(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices)
+            self.draft_model = repack_load(draft, n_gpu_layers=n_gpu_layers, role="draft", devices=devices, **self._load)
             self.vocab_difference = text_pairing(self.target_model, self.draft_model)
             if self.vocab_difference:  # another vocabulary: the draft drafts through text (textdraft)
                 self.bridge = TextBridge(self.target_model, self.draft_model)
@@ -180,6 +181,7 @@ class Engine(Closing):
         v = self.verification()
         return {"target": str(self.target_model.path), "draft": str(self.draft_model.path) if self.draft_model else None,
                 "threads": self.target_ctx.n_threads, "exact": v.exact, "tie_margin": v.tie_margin,
+                "repack": {m.role: m.repacks for m in (self.target_model, self.draft_model) if m and m.repack_choice},
                 **self.costs.report(v.batch_limit(), self.target_model.info.file_type),
                 "text_round_trip": ({**text_round_trip(self.bridge), "difference": self.vocab_difference}
                                     if self.bridge else None)}
@@ -193,8 +195,8 @@ class Engine(Closing):
 
     def tokenize_prompt(self, prompt: str | bytes | None = None, messages: list[dict] | None = None, *,
                         fit: bool = True) -> list[int]:
-        """Prompt text or bytes (tokenized as llama.cpp does: bytes as they are, whatever their
-        encoding) or chat messages (through the GGUF's template). fit=False: the caller checks the length."""
+        """Prompt text or bytes (tokenized as llama.cpp does: bytes as they are, whatever their encoding) or chat
+        messages (through the GGUF's template). fit=False: the caller checks the length."""
         self._check_open()
         if exactly_one({"a prompt": prompt, "chat messages": messages}) == "chat messages":
             messages = check_messages(messages)
@@ -291,8 +293,7 @@ class Engine(Closing):
             if self.bridge is not None:  # another vocabulary: the prompt's text, as the draft tokenizes it
                 text = b"".join(self.bridge.target_piece(t) for t in prompt_tokens)
                 prompt_tokens = self.bridge.draft_prefix + self.bridge.to_draft(text)
-            return Generation(s, prompt_tokens, self.draft_model, draft_ctx, None,
-                              Verification(), 0)
+            return Generation(s, prompt_tokens, self.draft_model, draft_ctx, None, Verification(), 0)
         if s.mode in DRAFTING_MODES and self.target_ctx.n_batch < 2:  # speculative.draft_max leaves no draft room
             warn_once(f"ggufspec: -b/--batch-size {self.target_ctx.n_batch} leaves no room to verify a draft (the "
                       f"target decodes [last] + draft as one batch): --mode {s.mode} runs as the target alone; use -b 2 "

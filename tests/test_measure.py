@@ -385,3 +385,38 @@ def test_a_tiny_models_sub_millisecond_batches_are_timed_more_and_each_sizes_fas
     ratios = {b: seconds[b] / seconds[1] for b in true}
     assert all(abs(ratios[b] / true[b] - 1) < 0.01 for b in true), ratios
     assert calls[0] == measure.QUICK_REPEATS * (2 * len(true) - 1)
+
+
+@pytest.mark.slow
+def test_weight_repacking_is_chosen_from_timings_both_ways_once_then_read_from_the_cache(monkeypatch):
+    """llama.cpp repacks a Q4_K_M model's weights on x86 (CPU_REPACK); whether to keep that is timed both ways once,
+    cached, and read back without timing again; a model whose weights llama.cpp repacks none of is not timed."""
+    from conftest import real_model
+    from ggufspec.llama import repack
+    from ggufspec.llama.cost_cache import bad_entries, load_cache
+
+    gemma = real_model("gemma-3-270m-q4_k_m.gguf")
+    with repack.load(gemma, repack=True, measure=False, n_threads=None, role="target") as model:
+        if "CPU_REPACK" not in model.buffers:
+            pytest.skip("this llama.cpp build repacks none of this model's weights here")
+    with repack.load(gemma, repack=None, measure=True, n_threads=None, role="target") as model:
+        (key, entry), = [(k, v) for k, v in load_cache().items() if k.startswith(f"{gemma.resolve()}|")
+                         and k.endswith("|repack")]
+        assert model.repacks == entry["repack"] == repack.prefers_repack(entry["on"], entry["off"])
+        assert ("CPU_REPACK" in model.buffers) == model.repacks
+        assert model.devices_key.endswith(",no-repack") != model.repacks  # a cost table of its own
+        assert not bad_entries(load_cache())
+    monkeypatch.setattr(repack, "timed", lambda *a, **k: pytest.fail("timed again"))
+    with repack.load(gemma, repack=None, measure=True, n_threads=None, role="target") as again:
+        assert again.repacks == entry["repack"]
+    with repack.load(gemma, repack=not entry["repack"], measure=True, n_threads=None, role="target") as asked:
+        assert asked.repacks != entry["repack"]  # --repack / --no-repack as asked, whatever was measured
+
+
+def test_repacking_stays_unless_without_it_both_a_step_and_a_batch_are_no_slower():
+    from ggufspec.llama.repack import prefers_repack
+
+    on = {"step": 0.030, "batch": 0.70}
+    assert not prefers_repack(on, {"step": 0.031, "batch": 0.45})  # Gemma 270M on Zen 5: level, batches faster
+    assert prefers_repack(on, {"step": 0.040, "batch": 0.45})  # Qwen 1.5B Q4_K_M on Zen 5: a step 30% slower
+    assert prefers_repack(on, {"step": 0.030, "batch": 0.80})

@@ -159,3 +159,18 @@ def test_the_cpu_pair_writes_the_targets_text():
             assert [t for c in chunks for t in c.tokens] == reference, mode
             # how long a copy is drafted depends on this machine's costs and what lookup has learnt:
             # the long drafts themselves are tested on tiny models (tests/test_auto.py)
+
+
+def test_weights_not_repacked_keep_batches_exact_as_far_and_the_targets_text(engine):
+    """--no-repack: no CPU_REPACK buffer, a cost table of its own whose exact batches reach at least as far as the
+    repacked one's (llama.cpp's one-token dot products for every row: 7 rows on a Zen 5 where repacking keeps 3),
+    and the target's text in every mode."""
+    with Engine(real_model(TARGET), real_model(DRAFT), n_ctx=1024, repack=False) as e:
+        assert "CPU_REPACK" not in e.target_model.buffers and "CPU_REPACK" not in e.draft_model.buffers
+        assert e.target_model.devices_key.endswith(",no-repack")
+        assert e.costs.exact_batch >= engine.costs.exact_batch
+        code = "def area(w, h):\n    result = w * h\n    return result\n\n\nprint(area(2, 3))\n"
+        tokens = e.tokenize_prompt(messages=[{"role": "user", "content": f"Rename result to size; answer with the whole code.\n{code}"}])
+        reference = e.generate(prompt_tokens=tokens, max_tokens=40, mode="target").tokens
+        for mode in ("draft", "lookup", "auto"):
+            assert e.generate(prompt_tokens=tokens, max_tokens=40, mode=mode).tokens == reference, mode

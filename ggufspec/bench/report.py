@@ -237,6 +237,9 @@ def costs_text(out: dict) -> str:
              f"{Path(out['target']).name}, {plural(out['threads'], 'thread')}: one target step {1000 * t1:.1f} ms"]
     if out["draft_token_seconds"]:
         lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)")
+    if out.get("repack"):  # llama.cpp's CPU weight repacking, where it is a choice (llama/repack.py)
+        said = ", ".join(f"{role} {('no', 'yes')[on]}" for role, on in out["repack"].items())
+        lines.append(f"weights repacked: {said} (--repack / --no-repack; default: whichever was timed faster here)")
     if out.get("text_round_trip"):
         r = out["text_round_trip"]
         lines.append(f"across tokenizers ({r['difference']}): the text round trip costs {1e3 * r['seconds']:.2f} ms a round "

@@ -7,7 +7,7 @@ import sys
 
 from ..llama import backend, devices, runtime, system
 from ..costs import Costs
-from ..llama.cost_cache import bad_entries, cache_problem, is_step_key, load_cache
+from ..llama.cost_cache import bad_entries, cache_problem, is_choice_key, is_step_key, load_cache
 from ..llama.measure import is_current
 from ..verification import Verification
 from ..paths import costs_file, models_dir
@@ -32,7 +32,7 @@ def _costs(machine_id: str) -> tuple[list[dict], list[dict], list[str]]:
     cache = load_cache()
     damaged = bad_entries(cache)
     for key, entry in cache.items():
-        if key in damaged or is_step_key(key):
+        if key in damaged or is_step_key(key) or is_choice_key(key):
             continue
         if key.endswith(f"machine {machine_id}"):
             if not is_current(key):

@@ -80,7 +80,7 @@ rpc_option = click.option("--rpc", default=None, envvar="GGUFSPEC_RPC", metavar=
                           help="llama.cpp RPC servers (`ggufspec rpc-server` on each): the target's layers go there, "
                                "the draft stays here.")
 LOAD_KEYS = ("pair", "target", "draft", "n_gpu_layers", "draft_n_gpu_layers", "cpu_moe", "n_ctx", "n_batch", "n_threads",
-             "type_k", "type_v", "registry", "offline", "verbose", "rpc", "devices", "draft_devices")
+             "type_k", "type_v", "registry", "offline", "verbose", "rpc", "devices", "draft_devices", "repack")
 
 
 def model_options(fn):
@@ -94,6 +94,9 @@ def model_options(fn):
         moe_option, ctx_option, *cache_type_options,
         click.option("-b", "--batch-size", "n_batch", type=int, default=512, show_default=True, help="Logical batch size."),
         click.option("-t", "--threads", "n_threads", type=int, default=None, help="CPU threads (default: physical cores)."),
+        click.option("--repack/--no-repack", " /-nr", "repack", default=None,
+                     help="llama.cpp's CPU weight repacking for both models (default: whichever decoded faster here, "
+                          "timed once per model; without it verify batches stay bit-identical to more rows)."),
         registry_option, rpc_option,
         click.option("-dev", "--device", "devices", default=None,
                      help="Devices the target may use, e.g. RPC0,RPC1 ('none': the CPU alone; default: all, or the RPC ones with --rpc)."),

@@ -71,8 +71,13 @@ class Model(VocabFacts, Closing):
         self.devices_key = "default" if devices is None else ",".join(f"{n}@{described.get(n, '?')}" for n in devices) or "cpu"
         if self.cpu_moe:
             self.devices_key += f",experts-on-cpu:{self.cpu_moe}"
+        self.repacks = bool(repack)  # llama.cpp's CPU weight repacking asked for (`repack.load` chooses it)
+        if not self.repacks:  # another placement of the same weights: its own cost table
+            self.devices_key += ",no-repack"
         self._model, log = load_model(str(self.path), params)
         self.buffers = buffers(log).get("model", {})  # where llama.cpp put the weights, as it reports it: {buffer: MiB}
+        # whether repacking is a choice here: it took weights, or was turned off (`repack.load`, `ggufspec costs`)
+        self.repack_choice = "CPU_REPACK" in self.buffers or not self.repacks
         # most of the weights on a hardware GPU or an RPC server: the CPU mostly waits while this model decodes
         self.cpu_waits = share_elsewhere(self.buffers) >= CPU_WAITS
         if not self._model and problem:

@@ -144,7 +144,20 @@ def valid_draft_entry(entry) -> bool:
 def bad_entries(cache: dict) -> list[str]:
     """Keys of cached entries with the wrong shape (ignored and measured again)."""
     return [k for k, v in cache.items()
-            if not (valid_draft_entry(v) if is_step_key(k) else valid_target_entry(v))]
+            if not (valid_repack_entry(v) if is_choice_key(k) else valid_draft_entry(v) if is_step_key(k)
+                    else valid_target_entry(v))]
+
+
+def valid_repack_entry(entry) -> bool:
+    """A weight-repacking choice (llama/repack.py): whether to repack, and the two timings it was made from."""
+    return (isinstance(entry, dict) and isinstance(entry.get("repack"), bool)
+            and all(isinstance(entry.get(k), dict) and _positive(entry[k].get("step")) and _positive(entry[k].get("batch"))
+                    for k in ("on", "off")))
+
+
+def is_choice_key(key: str) -> bool:
+    """Whether a cache key names a choice made from timings (llama/repack.py's), not a table of them."""
+    return key.endswith("|repack")
 
 
 def is_step_key(key: str) -> bool:

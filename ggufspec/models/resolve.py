@@ -40,6 +40,7 @@ class LoadOptions:
     n_seq: int = 1  # sequences in each context (serve's -np): n_ctx is theirs together
     kv_unified: bool = False  # and one KV cache for them all (serve's -kvu), not a stream each
     prompt_chunk: int | None = None  # prompts decoded (and reused) in aligned chunks of this many tokens; None: -b
+    repack: bool | None = None  # llama.cpp's CPU weight repacking (--repack / --no-repack); None: as measured here
 
 
 def looks_like_path(text: str) -> bool:
@@ -154,7 +155,7 @@ def open_engine(o: LoadOptions, modes: tuple[str, ...] = (), measure: bool | Non
     engine = Engine(target, draft, n_ctx=o.n_ctx, n_batch=o.n_batch, n_threads=o.n_threads, n_gpu_layers=ngl,
                     draft_n_gpu_layers=ngld, verbose=o.verbose, remeasure=o.remeasure, devices=target_devices,
                     draft_devices=draft_devices, cpu_moe=cpu_moe, type_k=o.type_k, type_v=o.type_v, n_seq=o.n_seq,
-                    kv_unified=o.kv_unified, prompt_chunk=o.prompt_chunk,
+                    kv_unified=o.kv_unified, prompt_chunk=o.prompt_chunk, repack=o.repack,
                     measure=measure if measure is not None else not modes or any(m != "target" for m in modes))
     return engine, defaults
 

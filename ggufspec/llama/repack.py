@@ -1,0 +1,93 @@
+"""Whether a model loads with llama.cpp's CPU weight repacking, as measured on this machine.
+
+llama.cpp repacks Q4_0, Q4_K, IQ4_NL (and more) weights of the layers on the CPU into its CPU_REPACK buffer, whose
+GEMM kernels take activation rows in groups of four: on many CPUs that decodes prompts faster, but a batch of 4 rows
+or more then rounds differently than one-token decoding, so exact verification is held to batches of 3 and a loaded
+server's four requests take two decodes. Without repacking the same weights go through the one-token kernels'
+dot products, row by row, and batches up to 7 stay bit-identical (`ggufspec costs` shows both). Which is faster
+depends on the CPU: on an AMD EPYC Zen 5 (AVX-512) the Q4_K_M 1.5B decoded a token in the same time both ways and
+a 512-token prompt at 196 tok/s without repacking against 127 with it (llama-bench `--repack 0,1`).
+
+`load` times one token and a batch of BATCH rows both ways, once per (model file, threads, offload, machine), and
+loads without repacking where that is no slower than TOLERANCE at either; elsewhere llama.cpp's default stands.
+The choice is cached beside the cost tables (a table is kept per choice: `Model.devices_key` names it). A model
+llama.cpp repacks nothing of (a Q8_0 or F16 one, every layer on a GPU) is loaded as it is, with nothing measured.
+"""
+
+from __future__ import annotations
+
+from .backend import Context, Model, machine
+from .cost_cache import load_cache, update_cache, valid_repack_entry
+from .head_costs import probe_tokens
+
+BATCH = 64  # rows of the batch timed both ways: a long copy's verify, a prompt's chunk
+TOLERANCE = 1.05  # off where its step and its batch take at most this many times repacking's
+
+
+def load(path, *, repack: bool | None, measure: bool, n_threads: int | None, **kwargs) -> Model:
+    """The model at `path` (Model's kwargs), with repacking as asked (True, False) or as measured here (None); where
+    nothing is cached and `measure` is false, llama.cpp's default (repacked)."""
+    model = Model(path, repack=True if repack is None else repack, **kwargs)
+    if repack is not None or "CPU_REPACK" not in model.buffers:  # llama.cpp's own report: nothing repacked
+        return model
+    key = choice_key(model, n_threads)
+    cached = load_cache().get(key)
+    if valid_repack_entry(cached):
+        choice = cached["repack"]
+    elif not measure:
+        return model
+    else:
+        try:
+            on = timed(model, n_threads)
+        except BaseException:
+            model.close()
+            raise
+        model.close()
+        model = Model(path, repack=False, **kwargs)
+        try:
+            off = timed(model, n_threads)
+        except BaseException:
+            model.close()
+            raise
+        choice = prefers_repack(on, off)
+        update_cache({key: {"repack": choice, "on": on, "off": off, "machine": machine()["summary"]}})
+        if not choice:
+            return model
+        model.close()
+        return Model(path, repack=True, **kwargs)
+    if choice:
+        return model
+    model.close()
+    return Model(path, repack=False, **kwargs)
+
+
+def prefers_repack(on: dict, off: dict) -> bool:
+    """Whether to keep repacking, from {"step", "batch"} seconds with it (`on`) and without (`off`): kept unless
+    without it a step and a batch both take at most TOLERANCE times as long (then batches stay exact further)."""
+    return not (off["step"] <= on["step"] * TOLERANCE and off["batch"] <= on["batch"] * TOLERANCE)
+
+
+def timed(model: Model, n_threads: int | None, repeats: int = 3) -> dict:
+    """{"step": seconds of a one-token decode, "batch": of BATCH rows with a logits row each}, each timed paired
+    with a step beside it (measure.paired_batches), after 8 cached tokens."""
+    from .measure import paired_batches  # measure imports what this module's callers load
+
+    ctx = Context(model, n_ctx=BATCH + 32, n_batch=BATCH, n_threads=n_threads)
+    try:
+        tokens = probe_tokens(ctx, 8 + BATCH)
+        ctx.decode(tokens[:8], logits="none")
+        for x in tokens[8:11]:  # warm-up: the first decodes page the mmapped weights in
+            ctx.decode([x])
+        seconds = paired_batches(ctx, 8, tokens[8:], [1, BATCH], repeats)
+    finally:
+        ctx.close()
+    return {"step": seconds[1], "batch": seconds[BATCH]}
+
+
+def choice_key(model: Model, n_threads: int | None) -> str:
+    """The cache key of a choice: the file as it is, threads, offload and machine (as the cost tables' keys)."""
+    from .measure import _FORMAT
+    from .system import default_threads
+
+    return (f"{model.path.resolve()}|{model.stamp}|t{n_threads or default_threads()}|ngl{model.n_gpu_layers}"
+            f"|{model.devices_key.removesuffix(',no-repack')}|{_FORMAT}|machine {machine()['id']}|repack")
