@@ -388,7 +388,7 @@ def test_a_tiny_models_sub_millisecond_batches_are_timed_more_and_each_sizes_fas
 
 
 @pytest.mark.slow
-def test_weight_repacking_is_chosen_from_timings_both_ways_once_then_read_from_the_cache(monkeypatch):
+def test_weight_repacking_is_chosen_from_timings_both_ways_once_then_read_from_the_cache(monkeypatch, tiny):
     """llama.cpp repacks a Q4_K_M model's weights on x86 (CPU_REPACK); whether to keep that is timed both ways once,
     cached, and read back without timing again; a model whose weights llama.cpp repacks none of is not timed."""
     from conftest import real_model
@@ -409,6 +409,8 @@ def test_weight_repacking_is_chosen_from_timings_both_ways_once_then_read_from_t
     monkeypatch.setattr(repack, "timed", lambda *a, **k: pytest.fail("timed again"))
     with repack.load(gemma, repack=None, measure=True, n_threads=None, role="target") as again:
         assert again.repacks == entry["repack"]
+    with repack.load(tiny["target"], repack=None, measure=True, n_threads=None, role="target") as f32:
+        assert f32.repacks and "CPU_REPACK" not in f32.buffers  # nothing of it repacked: loaded as it is, not timed
     with repack.load(gemma, repack=not entry["repack"], measure=True, n_threads=None, role="target") as asked:
         assert asked.repacks != entry["repack"]  # --repack / --no-repack as asked, whatever was measured
 

@@ -200,10 +200,15 @@ _FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}|deep|paired"
 
 
 def _key(ctx: Context) -> str:
-    m = ctx.model  # m.stamp: the file's size|mtime when it was loaded (it may be gone since)
-    types = getattr(ctx, "cache_types", ("f16", "f16"))  # a quantized KV cache decodes at another speed
-    kv = "" if types == ("f16", "f16") else f",kv:{types[0]}/{types[1]}"
-    return (f"{m.path.resolve()}|{m.stamp}|t{ctx.n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}{kv}"
+    # a quantized KV cache decodes at another speed
+    return model_key(ctx.model, ctx.n_threads, getattr(ctx, "cache_types", ("f16", "f16")))
+
+
+def model_key(m, n_threads: int, cache_types: tuple[str, str] = ("f16", "f16")) -> str:
+    """The cache key of what model m costs with n_threads and these KV types on this machine (m.stamp: the file's
+    size|mtime when it was loaded; it may be gone since)."""
+    kv = "" if cache_types == ("f16", "f16") else f",kv:{cache_types[0]}/{cache_types[1]}"
+    return (f"{m.path.resolve()}|{m.stamp}|t{n_threads}|ngl{m.n_gpu_layers}|{m.devices_key}{kv}"
             f"|{_FORMAT}|machine {machine()['id']}")
 
 

@@ -5,8 +5,8 @@ GEMM kernels take activation rows in groups of four: on many CPUs that decodes p
 or more then rounds differently than one-token decoding, so exact verification is held to batches of 3 and a loaded
 server's four requests take two decodes. Without repacking the same weights go through the one-token kernels'
 dot products, row by row, and batches up to 7 stay bit-identical (`ggufspec costs` shows both). Which is faster
-depends on the CPU: on an AMD EPYC Zen 5 (AVX-512) the Q4_K_M 1.5B decoded a token in the same time both ways and
-a 512-token prompt at 196 tok/s without repacking against 127 with it (llama-bench `--repack 0,1`).
+depends on the CPU and the model: on an AMD EPYC Zen 5 (AVX-512) the Q4_K_M 1.5B decoded a 512-token prompt at 196
+tok/s without repacking against 127 with it (llama-bench `--repack 0,1`), but one token at 25 against 30-33 tok/s.
 
 `load` times one token and a batch of BATCH rows both ways, once per (model file, threads, offload, machine), and
 loads without repacking where that is no slower than TOLERANCE at either; elsewhere llama.cpp's default stands.
@@ -19,6 +19,8 @@ from __future__ import annotations
 from .backend import Context, Model, machine
 from .cost_cache import load_cache, update_cache, valid_repack_entry
 from .head_costs import probe_tokens
+from .measure import model_key, paired_batches
+from .system import default_threads
 
 BATCH = 64  # rows of the batch timed both ways: a long copy's verify, a prompt's chunk
 TOLERANCE = 1.05  # off where its step and its batch take at most this many times repacking's
@@ -30,19 +32,15 @@ def load(path, *, repack: bool | None, measure: bool, n_threads: int | None, **k
     model = Model(path, repack=True if repack is None else repack, **kwargs)
     if repack is not None or "CPU_REPACK" not in model.buffers:  # llama.cpp's own report: nothing repacked
         return model
-    key = choice_key(model, n_threads)
+    key = model_key(model, n_threads or default_threads()) + "|repack"  # as the tables', with repacking on
     cached = load_cache().get(key)
     if valid_repack_entry(cached):
         choice = cached["repack"]
     elif not measure:
         return model
     else:
-        try:
+        with model:  # timed, then closed: the two loads are never in memory together
             on = timed(model, n_threads)
-        except BaseException:
-            model.close()
-            raise
-        model.close()
         model = Model(path, repack=False, **kwargs)
         try:
             off = timed(model, n_threads)
@@ -51,14 +49,10 @@ def load(path, *, repack: bool | None, measure: bool, n_threads: int | None, **k
             raise
         choice = prefers_repack(on, off)
         update_cache({key: {"repack": choice, "on": on, "off": off, "machine": machine()["summary"]}})
-        if not choice:
-            return model
-        model.close()
-        return Model(path, repack=True, **kwargs)
-    if choice:
+    if choice == model.repacks:
         return model
     model.close()
-    return Model(path, repack=False, **kwargs)
+    return Model(path, repack=choice, **kwargs)
 
 
 def prefers_repack(on: dict, off: dict) -> bool:
@@ -70,8 +64,6 @@ def prefers_repack(on: dict, off: dict) -> bool:
 def timed(model: Model, n_threads: int | None, repeats: int = 3) -> dict:
     """{"step": seconds of a one-token decode, "batch": of BATCH rows with a logits row each}, each timed paired
     with a step beside it (measure.paired_batches), after 8 cached tokens."""
-    from .measure import paired_batches  # measure imports what this module's callers load
-
     ctx = Context(model, n_ctx=BATCH + 32, n_batch=BATCH, n_threads=n_threads)
     try:
         tokens = probe_tokens(ctx, 8 + BATCH)
@@ -83,11 +75,3 @@ def timed(model: Model, n_threads: int | None, repeats: int = 3) -> dict:
         ctx.close()
     return {"step": seconds[1], "batch": seconds[BATCH]}
 
-
-def choice_key(model: Model, n_threads: int | None) -> str:
-    """The cache key of a choice: the file as it is, threads, offload and machine (as the cost tables' keys)."""
-    from .measure import _FORMAT
-    from .system import default_threads
-
-    return (f"{model.path.resolve()}|{model.stamp}|t{n_threads or default_threads()}|ngl{model.n_gpu_layers}"
-            f"|{model.devices_key.removesuffix(',no-repack')}|{_FORMAT}|machine {machine()['id']}|repack")
