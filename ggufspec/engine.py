@@ -34,7 +34,7 @@ from .textdraft import TextDrafter
 from .errors import GGUFSpecError, check_count, check_layers, exactly_one
 from .generation import (Chunk, Generation, GenerationSettings, Result, check_messages, check_prompt_tokens, check_text,
                          keeps_its_error, resolve_settings)
-from .serving import Batch
+from .batching import Batch
 from .llama.gguf_info import check_kv_cache_types, kv_cache_type, read_info
 from .llama.measure import costs_for
 from .llama.rpc import devices_for
@@ -59,7 +59,7 @@ class Engine(Closing):
     type_k / type_v: both models' KV cache types (llama.cpp's -ctk / -ctv: "f16", "q8_0", ...).
     mtp: load the target's MTP (NextN) layers, where its GGUF has them, for mode "mtp" and auto (default: True).
     n_seq: sequences each context holds (llama.cpp's -np): `generation(prompt_tokens, settings, slot)` builds a
-    generation on sequence `slot`, which `serving.Batch` steps beside the others in one target batch; n_ctx is
+    generation on sequence `slot`, which `batching.Batch` steps beside the others in one target batch; n_ctx is
     shared by them all; kv_unified: one KV cache for them (llama.cpp's -kvu; llama.sequences says what it costs).
     prompt_chunk: prompts are decoded in chunks of this many tokens at multiples of it (default n_batch), and a
     later prompt that begins the same keeps the whole chunks it shares (reuse_prompt), bit-identically.
@@ -236,7 +236,7 @@ class Engine(Closing):
             self._end(generation)
 
     def generation(self, prompt_tokens: list[int], settings: GenerationSettings, slot: int) -> Generation:
-        """A generation on sequence `slot` of an Engine of several (n_seq), for `serving.Batch` to step: checked
+        """A generation on sequence `slot` of an Engine of several (n_seq), for `batching.Batch` to step: checked
         settings and prompt tokens, its own drafter on the draft context's sequence of the same number."""
         self._check_open()
         if not 0 <= slot < self.n_seq:
@@ -264,7 +264,7 @@ class Engine(Closing):
         return decode_together(self.target_ctx, parts)
 
     def batch(self) -> Batch:
-        """What steps this Engine's sequences together (`serving.Batch`): one target batch a step, the draft model's
+        """What steps this Engine's sequences together (`batching.Batch`): one target batch a step, the draft model's
         steps of every sequence that drafts decoded together (llama.sequences.together)."""
         return Batch(self.decode_together, self.costs, unified=self.target_ctx.kv_unified, plan_together=together)
 
@@ -282,7 +282,7 @@ class Engine(Closing):
         """One generation's parts, built here once and handed down: the context it decodes on (slot: that
         sequence of several), a fresh drafter (its own ModelDrafter copy, so --draft-p-min is its own), the
         verification policy."""
-        shared = slot is not None  # stepped beside other sequences (serving.Batch)
+        shared = slot is not None  # stepped beside other sequences (batching.Batch)
         if slot is None and self.target_ctx.sequences:  # generate() on an Engine of several: sequence 0, as a
             slot = 0  # request there (one record of what its cache holds, for both to reuse)
         target_ctx = self.target_ctx if slot is None else self.target_ctx.sequences[slot]

@@ -29,7 +29,7 @@ ROOT = Path(__file__).parent.parent
 
 PACKAGE = ROOT / "ggufspec"
 # The layers, bottom up: an import may point at its own layer or one below, never above.
-CORE = {"errors", "paths", "core", "sampling", "costs", "corrections", "text", "verification", "drafters", "textdraft", "estimates", "auto", "watch", "speculative", "serving",
+CORE = {"errors", "paths", "core", "sampling", "costs", "corrections", "text", "verification", "drafters", "textdraft", "estimates", "auto", "watch", "speculative", "serving", "batching",
         "generation"}  # the decoding core: numpy only
 
 

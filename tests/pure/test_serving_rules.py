@@ -14,7 +14,8 @@ from ggufspec.costs import Costs
 from ggufspec.drafters import ModelDrafter
 from ggufspec.errors import GGUFSpecError
 from ggufspec.generation import Generation, GenerationSettings
-from ggufspec.serving import Batch, Scheduler, Ticket, batch_budget, groups, trimmed, ubatches
+from ggufspec.batching import Batch, batch_budget, groups, one_decode_pays, trimmed, ubatches
+from ggufspec.serving import Scheduler, Ticket
 from ggufspec.verification import Verification
 
 GPU = Costs([0.010 * (1 + 0.01 * i) for i in range(64)], 1)  # a batch of 64 rows costs 1.6 steps
@@ -45,7 +46,7 @@ def test_auto_drafts_less_as_streams_are_added_and_not_where_rows_cost_a_step():
 def test_a_stream_that_has_not_drafted_is_priced_at_its_cheapest_heads_measured_step():
     """Before a stream has drafted, the step its budget weighs is its head's, as measured at load (a DFlash block
     spread over its drafts): without it, an auto stream with only a head looked free to draft."""
-    from ggufspec.serving import _draft_step
+    from ggufspec.batching import _draft_step
 
     costs = Costs([0.01] * 4, 1, head_seconds={"mtp": {"token": 0.004}, "dflash": {"token": 0.001, "round": 0.02}})
     stream = lambda drafter: SimpleNamespace(stats=Stats(), drafter=drafter)
@@ -65,7 +66,7 @@ def test_a_lazy_draft_models_catch_up_on_the_prompt_is_not_priced_as_its_draftin
 
     from ggufspec.core import Round
     from ggufspec.sampling import SamplingParams
-    from ggufspec.serving import _draft_step
+    from ggufspec.batching import _draft_step
 
     clock = on_clock(monkeypatch)
     target = FakeTarget(seed=3)
@@ -103,8 +104,8 @@ def generation(target, draft, prompt, settings):
     return Generation(settings, prompt, model, target, drafter, Verification(), 4 if drafter else 0)
 
 
-def alone(settings, prompt):
-    target = FakeTarget(seed=3)
+def alone(settings, prompt, scale: float = 2.0):
+    target = FakeTarget(seed=3, scale=scale)
     g = generation(target, target.like(1, 0.3), prompt, settings)
     return [t for chunk in g.chunks() for t in chunk.tokens]
 
@@ -164,3 +165,70 @@ def test_a_request_goes_to_the_free_sequence_that_holds_most_of_its_prompt():
     scheduler.active = {1: None, 3: None}
     assert scheduler._free_slot([1, 2, 3]) == 2
     assert Scheduler(None, None, None, 4)._free_slot([1, 2, 3]) == 0  # nothing known: the lowest
+
+
+# exact batches of up to 3 rows, and a batch of 4 costing far less than 3 + 1 (a Q4_K_M target's repacked CPU
+# kernels are bit-identical only to 3 rows, and 4 rows in one decode cost 2.66 steps against 3.30 in two, on a Zen 3)
+THREE = Costs([0.010 * (1 + 0.05 * i) for i in range(64)], 3)
+SHARED = [([1, 2, 3], dict(mode="target")), ([4, 5], dict(mode="target", temperature=0.9, seed=5)),
+          ([6, 7, 8, 9], dict(mode="draft")), ([2, 2], dict(mode="draft", temperature=0.9, seed=7)),
+          ([9, 1], dict(mode="target"))]
+SCALE = 8.0  # logits far enough apart that near-ties are few (as in most text), so one decode keeps paying
+
+
+def shared_run(exact: bool | None, drift: float = 0.1, margin: float | None = None):
+    """SHARED through four sequences whose rows move by up to ~drift logits wherever a decode holds more than 3 rows
+    in all (as llama.cpp's batched kernels move them): (each request's tokens, the rows of every decode)."""
+    targets = [FakeTarget(seed=3, scale=SCALE, batch_drift=drift) for _ in range(4)]
+    drafts = [t.like(1, 0.3) for t in targets]
+    sizes = []
+
+    def build(prompt, settings, slot):
+        drafter = ModelDrafter(drafts[slot]) if settings.mode == "draft" else None
+        model = SimpleNamespace(token_to_piece=lambda t: bytes([97 + t % 26]),
+                                eog_mask=np.zeros(targets[slot].n_vocab, bool))
+        return Generation(settings, prompt, model, targets[slot], drafter, Verification.of(THREE, exact=exact, tie_margin=margin),
+                          2 if drafter else 0)
+
+    def decode_together(parts):
+        sizes.append(sum(len(tokens) for _, tokens, _ in parts))
+        out = []
+        for target, tokens, logits in parts:
+            start = target.n_past
+            rows = target.decode(tokens, logits=logits)
+            out.append(rows + target._drift[start:target.n_past] if sizes[-1] > 3 else rows)
+        return out
+
+    scheduler = Scheduler(build, lambda slot: targets[slot].truncate(0), Batch(decode_together, THREE, unified=True), 4).start()
+    try:
+        queues = []
+        for prompt, kw in SHARED:
+            queues.append(q := queue.SimpleQueue())
+            scheduler.submit(Ticket(prompt, GenerationSettings(max_tokens=40, **kw), q.put))
+        texts = []
+        for q in queues:
+            tokens = []
+            while (item := q.get(timeout=30)) is not None:
+                tokens += item.tokens
+            texts.append(tokens)
+        return texts, sizes
+    finally:
+        scheduler.stop()
+
+
+def test_rows_past_the_exact_batch_size_are_decoded_at_once_where_that_costs_less_and_keep_each_text():
+    """Four streams of a target whose batches are bit-identical only to 3 rows: where one decode of all their rows
+    costs less than exact groups (with near-ties re-checked at the rate met), the step is one decode whose rows are
+    judged with the tie margin, and every request still writes what it writes alone, greedy and seeded, drafting
+    or not; --exact keeps every decode within 3 rows. Without the margin the batch's drift changes a text."""
+    wanted = [alone(GenerationSettings(max_tokens=40, **kw), prompt, SCALE) for prompt, kw in SHARED]
+    texts, sizes = shared_run(None)
+    assert texts == wanted
+    assert sizes.count(8) >= 10, sizes  # four streams, two drafting two tokens: 8 rows in one decode
+    texts, sizes = shared_run(None, margin=0.0)  # the same decodes, no row re-checked: the drift shows
+    assert texts != wanted and sizes.count(8) >= 10
+    texts, sizes = shared_run(True)  # --exact
+    assert texts == wanted and max(sizes) <= 3, sizes
+    assert not one_decode_pays(THREE, [1, 1, 1, 1], [0.5] * 4, 3, True, tie_rate=0.9)  # ties everywhere: groups
+    assert one_decode_pays(THREE, [1, 1, 1, 1], [0.5] * 4, 3, True, tie_rate=0.03)
+    assert not one_decode_pays(THREE, [1, 1, 1], [0.5] * 3, 3, True, tie_rate=0.0)  # one exact decode holds them

@@ -1,0 +1,244 @@
+"""Several generations at once on one target: each on its own sequence of one llama.cpp context, every step ONE
+target batch holding each active sequence's [last] + draft rows, each verified from its own rows by the loop's
+own two halves (`Steps.plan`, `Steps.finish`). `Batch` steps them; `serving.Scheduler` admits requests into free
+sequences between steps (continuous batching) and hands each its chunks.
+
+Speculation under load: a verify row costs little while the batch is small and about a step each once it is
+not, so auto's streams share one draft budget per step, chosen from the measured cost of a batch of that many
+rows (`batch_budget`): at one stream auto drafts as it does alone; as streams are added it drafts less, and
+finally not at all. Fixed modes draft as told.
+
+Exactness under load: where the backend's batches are bit-identical to one-token decoding only up to a few rows
+(a Q4_K_M target's repacked CPU kernels: 3), a step of more rows is decoded in groups of that many, or (where the
+policy allows it, as it does a long copy past the exact cache) in one decode whose rows are judged with the tie
+margin, a near-tie decoded again by itself: whichever the measured table says costs less, near-ties at the rate
+the streams have met them (`one_decode_pays`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable
+
+from .corrections import CostCorrections
+from .costs import MARGIN, Costs, expected_tokens
+from .generation import Chunk, Generation
+from .verification import Verification
+
+# A stream's acceptance before it has drafted: a light prior (Laplace's), so a few rounds decide.
+PRIOR_ACCEPTED, PRIOR_DRAFTED = 1.0, 2.0
+
+
+def ubatches(rows: list[int], unified: bool) -> list[int]:
+    """The ubatches llama.cpp computes for one batch holding these rows per sequence (in sequence order): one
+    where the KV cache is unified; else (a KV stream per sequence) the same number of rows of each sequence per
+    ubatch (its split_equal), so sequences of unequal rows take one ubatch per distinct length."""
+    if unified:
+        return [sum(rows)]
+    out, left = [], sorted(r for r in rows if r)
+    while left:
+        m = left[0]
+        out.append(m * len(left))
+        left = [r - m for r in left if r > m]
+    return out
+
+
+def groups(rows: list[int], limit: int | None) -> list[list[int]]:
+    """Which parts (indices) each decode holds: all in one, or (exact verification: limit rows at most, so
+    every row is computed as one-token decoding computes it) as many in each as fit."""
+    if limit is None:
+        return [list(range(len(rows)))]
+    out, size = [[]], 0
+    for i, r in enumerate(rows):
+        if out[-1] and size + r > limit:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += r
+    return out
+
+
+def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> float:
+    """What decoding these rows per sequence costs, as `Batch` decodes them."""
+    return sum(costs.batch_seconds(u) for g in groups(rows, limit) for u in ubatches([rows[i] for i in g], unified))
+
+
+def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int, limit: int | None = None,
+                 unified: bool = False) -> int:
+    """The most tokens each speculating stream may draft this step: of 0..longest, the length whose expected
+    tokens per second over the whole batch are highest, and 0 unless drafting beats none by the margin, also
+    (a KV stream per sequence, where unequal drafts cost a ubatch each) where only one stream drafts.
+    streams: (acceptance, seconds per drafted token) of each."""
+    n = len(streams)
+
+    def rate(d: int) -> float:
+        tokens = sum(expected_tokens(alpha, d) for alpha, _ in streams)
+        return tokens / (step_seconds(costs, [d + 1] * n, limit, unified) + d * sum(step for _, step in streams))
+
+    def one_drafts(d: int) -> float:  # auto's streams draft unequally (a copy here, none there): the worst case
+        alpha, step = max(streams)
+        tokens = expected_tokens(alpha, d) + n - 1
+        return tokens / (step_seconds(costs, [d + 1] + [1] * (n - 1), limit, unified) + d * step)
+
+    base = rate(0)
+    best = max(range(1, longest + 1), key=rate, default=0)
+    pays = best and rate(best) > base * MARGIN and (unified or one_drafts(best) > base * MARGIN)
+    return best if pays else 0
+
+
+def trimmed(costs: Costs, lengths: list[int], alphas: list[float], auto: list[bool], limit: int | None,
+            unified: bool) -> list[int]:
+    """The draft lengths to verify once every stream has drafted: auto's drafts cut to the common length (or
+    kept as drafted) that gives the batch the most expected tokens a second; other modes' as drafted."""
+    best, best_rate = lengths, -1.0
+    for cap in [None, *range(max(lengths, default=0) + 1)]:
+        cut = [n if cap is None or not a else min(n, cap) for n, a in zip(lengths, auto)]
+        tokens = sum(expected_tokens(alpha, n) for alpha, n in zip(alphas, cut))
+        rate = tokens / step_seconds(costs, [n + 1 for n in cut], limit, unified)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = cut, rate
+    return best
+
+
+def one_decode_pays(costs: Costs, rows: list[int], alphas: list[float], limit: int | None, unified: bool,
+                    tie_rate: float) -> bool:
+    """Whether these rows per sequence (each at most `limit`, together more) cost less in one decode, each row judged
+    with the tie margin (a near-tie, at tie_rate of the rows, decoded again by itself: `Costs.tie_seconds`), than
+    in groups of at most `limit` rows, each bit-identical to one-token decoding; by the margin a change must pay."""
+    if limit is None or sum(rows) <= limit:
+        return False
+    judged = costs.corrected(1.0, tie_rate)
+    once = step_seconds(costs, rows, None, unified) + sum(judged.tie_seconds(r, a) for r, a in zip(rows, alphas))
+    return once * MARGIN < step_seconds(costs, rows, limit, unified)
+
+
+def _alpha(g: Generation) -> float:
+    s = g.stats
+    return min(0.99, (s.n_accepted + PRIOR_ACCEPTED) / (s.n_drafted + PRIOR_DRAFTED))
+
+
+def _draft_step(g: Generation, costs: Costs) -> float:
+    """Seconds per drafted token of a stream: as seen (leaving out the rounds where a lazy draft model caught up on the
+    prompt: a one-off), else (nothing drafted yet) what a draft model step costs where its drafter may draft with one
+    (measured at load), else the cheapest of its heads' (measured at load: MTP, EAGLE-3, DFlash), else nothing
+    (prompt lookup)."""
+    s, model = g.stats, getattr(g.drafter, "model", None)
+    if drafted := s.n_drafted - s.caught_up_drafted:
+        return (s.draft_seconds - s.caught_up_seconds) / drafted
+    if model is not None and g.drafter.model_may_pay():
+        return g.drafter.draft_cost or 0.0
+    heads = [costs.head_step(name, 4) for name in getattr(g.drafter, "heads", ())]
+    return min((h for h in heads if h is not None), default=0.0)
+
+
+def _exactly(exact: bool, tie_margin: float) -> Verification:
+    """How a round decoded in a batch shared with other sequences is judged: exact (every row computed as
+    one-token decoding computes it: judged as it is) or not (each near-tie decoded again by itself)."""
+    return Verification(exact_batch=1 << 30 if exact else 0, exact=False, tie_margin=tie_margin)
+
+
+def one_by_one(calls: list[Callable]) -> list[tuple[object, float]]:
+    """Each call's result (or the exception it raised), run one after another: `Batch`'s plan_together where
+    nothing gathers the drafts' decodes (as llama.sequences.together does)."""
+    out = []
+    for call in calls:
+        try:
+            out.append((call(), 0.0))
+        except Exception as e:  # noqa: BLE001 (that request fails, the others go on)
+            out.append((e, 0.0))
+    return out
+
+
+class Batch:
+    """Steps several generations, each on its own sequence, through one target decode per step (several where
+    verification is exact: each of at most the bit-exact batch size). decode_together: [(target, tokens, "all")]
+    -> rows per part (llama.sequences.decode_together). plan_together: runs every stream's plan (`one_by_one`,
+    or llama.sequences.together: a draft model's steps of all streams in one decode each). unified: the KV cache
+    is one for all sequences."""
+
+    def __init__(self, decode_together: Callable, costs: Costs | None, *, longest: int = 16, unified: bool = False,
+                 plan_together: Callable = one_by_one):
+        self.decode_together, self.costs, self.longest, self.unified = decode_together, costs, longest, unified
+        self.plan_together = plan_together
+        # (near-ties, rows) met in decodes judged with the margin, decayed: auto's prior until the streams show theirs
+        self.ties = CostCorrections.tie_prior
+
+    @property
+    def tie_rate(self) -> float:
+        return self.ties[0] / self.ties[1]
+
+    def _learn_ties(self, ties: int, rows: int) -> None:
+        decay = CostCorrections.tie_decay ** rows
+        self.ties = (self.ties[0] * decay + ties, self.ties[1] * decay + rows)
+
+    def _limit(self, generations: list[Generation]) -> int | None:
+        """The most rows one decode may hold so that each is computed bit-identically to one-token decoding (None:
+        no such batch here, or past the cache length where one was seen: one decode, near-ties re-checked)."""
+        limits = [g.verification.batch_limit(g.steps.target.n_past + 1 + self.longest) for g in generations]
+        return None if None in limits else min(limits)
+
+    def budget(self, generations: list[Generation], limit: int | None) -> int | None:
+        """This step's draft cap for auto's streams (None: one stream, no cap)."""
+        auto = [g for g in generations if g.settings.mode == "auto"]
+        if len(generations) < 2 or not auto or self.costs is None:
+            return None
+        streams = [(_alpha(g), _draft_step(g, self.costs)) for g in generations]
+        return batch_budget(self.costs, streams, self.longest, limit, self.unified)
+
+    def step(self, generations: list[Generation]) -> list[tuple[Generation, Chunk | BaseException]]:
+        """One round for each generation (none finished): its chunk, or the error that ended it."""
+        limit = self._limit(generations)
+        budget = self.budget(generations, limit)
+        out, plans = [], []
+        calls = [functools.partial(g.steps.plan, budget if g.settings.mode == "auto" else None) for g in generations]
+        for g, (plan, overcount) in zip(generations, self.plan_together(calls)):
+            if isinstance(plan, BaseException):
+                out.append((g, plan))
+                continue
+            plan.draft.seconds = max(0.0, plan.draft.seconds - overcount)  # its own cost, not the others' it waited on
+            plans.append((g, plan))
+        if len(plans) <= 1:  # alone in the batch: verified as one sequence is
+            return out + [(g, _finish(g, plan)) for g, plan in plans]
+        if self.costs is not None:
+            lengths = trimmed(self.costs, [len(p.draft_tokens) for _, p in plans], [_alpha(g) for g, _ in plans],
+                              [g.settings.mode == "auto" for g, _ in plans], limit, self.unified)
+            plans = [(g, p if len(p.draft_tokens) == n else p.cut(n)) for (g, p), n in zip(plans, lengths)]
+        alone = [(g, p) for g, p in plans if limit is not None and len(p.inputs) > limit]  # its own exact chunks
+        together = [(g, p) for g, p in plans if limit is None or len(p.inputs) <= limit]
+        if self._at_once(together, limit):
+            limit = None
+        for part in groups([len(p.inputs) for _, p in together], limit):
+            members = [together[i] for i in part]
+            if len(members) == 1:
+                alone += members
+                continue
+            start = time.perf_counter()
+            try:
+                rows = self.decode_together([(g.ctx, p.inputs, "all") for g, p in members])
+            except Exception as e:  # noqa: BLE001 (decode_together left every sequence as it was)
+                out += [(g, e) for g, _ in members]
+                continue
+            seconds, ties = time.perf_counter() - start, sum(g.stats.ties_settled for g, _ in members)
+            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.verification.tie_margin), seconds))
+                    for (g, p), r in zip(members, rows)]
+            if limit is None:
+                self._learn_ties(sum(g.stats.ties_settled for g, _ in members) - ties,
+                                 sum(len(p.inputs) for _, p in members))
+        return out + [(g, _finish(g, p)) for g, p in alone]
+
+    def _at_once(self, together: list, limit: int | None) -> bool:
+        """Whether this step's rows, more than one exact decode holds, are decoded at once and judged with the tie
+        margin instead (`one_decode_pays`): only where every stream's policy allows it (not --exact)."""
+        if limit is None or self.costs is None or not all(g.verification.may_batch for g, _ in together):
+            return False
+        return one_decode_pays(self.costs, [len(p.inputs) for _, p in together], [_alpha(g) for g, _ in together],
+                               limit, self.unified, self.tie_rate)
+
+
+def _finish(g: Generation, plan, rows=None, verification: Verification | None = None,
+            seconds: float = 0.0) -> Chunk | BaseException:
+    try:
+        return g.take(g.steps.finish(plan, rows, verification, seconds))
+    except Exception as e:  # noqa: BLE001
+        return e
