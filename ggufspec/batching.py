@@ -9,10 +9,11 @@ rows (`batch_budget`): at one stream auto drafts as it does alone; as streams ar
 finally not at all. Fixed modes draft as told.
 
 Exactness under load: where the backend's batches are bit-identical to one-token decoding only up to a few rows
-(a Q4_K_M target's repacked CPU kernels: 3), a step of more rows is decoded in groups of that many, or (where the
-policy allows it, as it does a long copy past the exact cache) in one decode whose rows are judged with the tie
-margin, a near-tie decoded again by itself: whichever the measured table says costs less, near-ties at the rate
-the streams have met them (`one_decode_pays`).
+(a Q4_K_M target's repacked CPU kernels: 3), a step of more rows is decoded in groups of the size that costs least
+(`exact_size`: four streams' rows as 2 + 2 where 3 rows cost more than 2 + 1), or (where the policy allows it, as
+it does a long copy past the exact cache) in larger groups whose rows are judged with the tie margin, a near-tie
+decoded again by itself, where the measured table says that costs less with near-ties at the rate the streams
+have met them (`wider_size`).
 """
 
 from __future__ import annotations
@@ -59,9 +60,23 @@ def groups(rows: list[int], limit: int | None) -> list[list[int]]:
     return out
 
 
+def grouped_seconds(costs: Costs, rows: list[int], size: int | None, unified: bool) -> float:
+    """What decoding these rows per sequence costs in groups of at most `size` rows (None: one decode)."""
+    return sum(costs.batch_seconds(u) for g in groups(rows, size) for u in ubatches([rows[i] for i in g], unified))
+
+
+def exact_size(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> int | None:
+    """The group size exact decoding packs these rows in: `limit` or the exact batch size with the least cost per
+    row (`Costs.chunk`: where 3 rows cost 2.2 steps and 2 rows 1.4, four streams' rows go 2 + 2, not 3 + 1),
+    whichever costs less for these rows (None where limit is: one decode)."""
+    if limit is None:
+        return None
+    return min((limit, costs.chunk(limit)), key=lambda size: grouped_seconds(costs, rows, size, unified))
+
+
 def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> float:
-    """What decoding these rows per sequence costs, as `Batch` decodes them."""
-    return sum(costs.batch_seconds(u) for g in groups(rows, limit) for u in ubatches([rows[i] for i in g], unified))
+    """What decoding these rows per sequence costs, as `Batch` decodes them exactly."""
+    return grouped_seconds(costs, rows, exact_size(costs, rows, limit, unified), unified)
 
 
 def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int, limit: int | None = None,
@@ -101,16 +116,28 @@ def trimmed(costs: Costs, lengths: list[int], alphas: list[float], auto: list[bo
     return best
 
 
-def one_decode_pays(costs: Costs, rows: list[int], alphas: list[float], limit: int | None, unified: bool,
-                    tie_rate: float) -> bool:
-    """Whether these rows per sequence (each at most `limit`, together more) cost less in one decode, each row judged
-    with the tie margin (a near-tie, at tie_rate of the rows, decoded again by itself: `Costs.tie_seconds`), than
-    in groups of at most `limit` rows, each bit-identical to one-token decoding; by the margin a change must pay."""
-    if limit is None or sum(rows) <= limit:
-        return False
+def wider_size(costs: Costs, rows: list[int], alphas: list[float], limit: int | None, unified: bool,
+               tie_rate: float) -> int | None:
+    """A group size above `limit` for these rows per sequence (each at most limit, together more), where groups
+    that large cost less than exact decoding by the margin a change must pay: each row of a group over `limit`
+    judged with the tie margin, a near-tie (at tie_rate of its rows) decoded again by itself (`Costs.tie_seconds`);
+    None where none does."""
+    total = sum(rows)
+    if limit is None or total <= limit:
+        return None
     judged = costs.corrected(1.0, tie_rate)
-    once = step_seconds(costs, rows, None, unified) + sum(judged.tie_seconds(r, a) for r, a in zip(rows, alphas))
-    return once * MARGIN < step_seconds(costs, rows, limit, unified)
+
+    def seconds(size: int) -> float:
+        out = 0.0
+        for g in groups(rows, size):
+            part = [rows[i] for i in g]
+            out += sum(costs.batch_seconds(u) for u in ubatches(part, unified))
+            if sum(part) > limit:
+                out += sum(judged.tie_seconds(rows[i], alphas[i]) for i in g)
+        return out
+
+    best = min({total, *range(limit + 1, min(total, 2 * limit) + 1)}, key=seconds)
+    return best if seconds(best) * MARGIN < step_seconds(costs, rows, limit, unified) else None
 
 
 def _alpha(g: Generation) -> float:
@@ -206,9 +233,8 @@ class Batch:
             plans = [(g, p if len(p.draft_tokens) == n else p.cut(n)) for (g, p), n in zip(plans, lengths)]
         alone = [(g, p) for g, p in plans if limit is not None and len(p.inputs) > limit]  # its own exact chunks
         together = [(g, p) for g, p in plans if limit is None or len(p.inputs) <= limit]
-        if self._at_once(together, limit):
-            limit = None
-        for part in groups([len(p.inputs) for _, p in together], limit):
+        size = self._size(together, limit)
+        for part in groups([len(p.inputs) for _, p in together], size):
             members = [together[i] for i in part]
             if len(members) == 1:
                 alone += members
@@ -220,20 +246,25 @@ class Batch:
                 out += [(g, e) for g, _ in members]
                 continue
             seconds, ties = time.perf_counter() - start, sum(g.stats.ties_settled for g, _ in members)
-            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.verification.tie_margin), seconds))
+            exact = limit is not None and sum(len(p.inputs) for _, p in members) <= limit
+            out += [(g, _finish(g, p, r, _exactly(exact, g.verification.tie_margin), seconds))
                     for (g, p), r in zip(members, rows)]
-            if limit is None:
+            if not exact:
                 self._learn_ties(sum(g.stats.ties_settled for g, _ in members) - ties,
                                  sum(len(p.inputs) for _, p in members))
         return out + [(g, _finish(g, p)) for g, p in alone]
 
-    def _at_once(self, together: list, limit: int | None) -> bool:
-        """Whether this step's rows, more than one exact decode holds, are decoded at once and judged with the tie
-        margin instead (`one_decode_pays`): only where every stream's policy allows it (not --exact)."""
-        if limit is None or self.costs is None or not all(g.verification.may_batch for g, _ in together):
-            return False
-        return one_decode_pays(self.costs, [len(p.inputs) for _, p in together], [_alpha(g) for g, _ in together],
-                               limit, self.unified, self.tie_rate)
+    def _size(self, together: list, limit: int | None) -> int | None:
+        """The most rows a decode of this step holds: of exact sizes (`exact_size`), or (where every stream's
+        policy allows it: not --exact) a larger one judged with the tie margin where that costs less
+        (`wider_size`); None: one decode."""
+        if limit is None or self.costs is None:
+            return limit
+        rows = [len(p.inputs) for _, p in together]
+        wider = None
+        if all(g.verification.may_batch for g, _ in together):
+            wider = wider_size(self.costs, rows, [_alpha(g) for g, _ in together], limit, self.unified, self.tie_rate)
+        return wider or exact_size(self.costs, rows, limit, self.unified)
 
 
 def _finish(g: Generation, plan, rows=None, verification: Verification | None = None,
