@@ -10,10 +10,10 @@ finally not at all. Fixed modes draft as told.
 
 Exactness under load: where the backend's batches are bit-identical to one-token decoding only up to a few rows
 (a Q4_K_M target's repacked CPU kernels: 3), a step of more rows is decoded in groups of the size that costs least
-(`exact_size`: four streams' rows as 2 + 2 where 3 rows cost more than 2 + 1), or (where the policy allows it, as
-it does a long copy past the exact cache) in larger groups whose rows are judged with the tie margin, a near-tie
-decoded again by itself, where the measured table says that costs less with near-ties at the rate the streams
-have met them (`wider_size`).
+(`exact_size`: four streams' rows as 2 + 2 where 3 rows cost more than 2 + 1). Larger groups judged with the tie
+margin were tried and left out: a row computed in a batch that is not exact leaves its KV a little off, and a
+near-tie some tokens later then goes the other way (one of four answers at four streams, Q4_K_M on a Zen 3),
+which no re-check of that later row can see.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import functools
 import time
 from typing import Callable
 
-from .corrections import CostCorrections
 from .costs import MARGIN, Costs, expected_tokens
 from .generation import Chunk, Generation
 from .verification import Verification
@@ -116,30 +115,6 @@ def trimmed(costs: Costs, lengths: list[int], alphas: list[float], auto: list[bo
     return best
 
 
-def wider_size(costs: Costs, rows: list[int], alphas: list[float], limit: int | None, unified: bool,
-               tie_rate: float) -> int | None:
-    """A group size above `limit` for these rows per sequence (each at most limit, together more), where groups
-    that large cost less than exact decoding by the margin a change must pay: each row of a group over `limit`
-    judged with the tie margin, a near-tie (at tie_rate of its rows) decoded again by itself (`Costs.tie_seconds`);
-    None where none does."""
-    total = sum(rows)
-    if limit is None or total <= limit:
-        return None
-    judged = costs.corrected(1.0, tie_rate)
-
-    def seconds(size: int) -> float:
-        out = 0.0
-        for g in groups(rows, size):
-            part = [rows[i] for i in g]
-            out += sum(costs.batch_seconds(u) for u in ubatches(part, unified))
-            if sum(part) > limit:
-                out += sum(judged.tie_seconds(rows[i], alphas[i]) for i in g)
-        return out
-
-    best = min({total, *range(limit + 1, min(total, 2 * limit) + 1)}, key=seconds)
-    return best if seconds(best) * MARGIN < step_seconds(costs, rows, limit, unified) else None
-
-
 def _alpha(g: Generation) -> float:
     s = g.stats
     return min(0.99, (s.n_accepted + PRIOR_ACCEPTED) / (s.n_drafted + PRIOR_DRAFTED))
@@ -188,16 +163,6 @@ class Batch:
                  plan_together: Callable = one_by_one):
         self.decode_together, self.costs, self.longest, self.unified = decode_together, costs, longest, unified
         self.plan_together = plan_together
-        # (near-ties, rows) met in decodes judged with the margin, decayed: auto's prior until the streams show theirs
-        self.ties = CostCorrections.tie_prior
-
-    @property
-    def tie_rate(self) -> float:
-        return self.ties[0] / self.ties[1]
-
-    def _learn_ties(self, ties: int, rows: int) -> None:
-        decay = CostCorrections.tie_decay ** rows
-        self.ties = (self.ties[0] * decay + ties, self.ties[1] * decay + rows)
 
     def _limit(self, generations: list[Generation]) -> int | None:
         """The most rows one decode may hold so that each is computed bit-identically to one-token decoding (None:
@@ -245,26 +210,17 @@ class Batch:
             except Exception as e:  # noqa: BLE001 (decode_together left every sequence as it was)
                 out += [(g, e) for g, _ in members]
                 continue
-            seconds, ties = time.perf_counter() - start, sum(g.stats.ties_settled for g, _ in members)
-            exact = limit is not None and sum(len(p.inputs) for _, p in members) <= limit
-            out += [(g, _finish(g, p, r, _exactly(exact, g.verification.tie_margin), seconds))
+            seconds = time.perf_counter() - start
+            out += [(g, _finish(g, p, r, _exactly(limit is not None, g.verification.tie_margin), seconds))
                     for (g, p), r in zip(members, rows)]
-            if not exact:
-                self._learn_ties(sum(g.stats.ties_settled for g, _ in members) - ties,
-                                 sum(len(p.inputs) for _, p in members))
         return out + [(g, _finish(g, p)) for g, p in alone]
 
     def _size(self, together: list, limit: int | None) -> int | None:
-        """The most rows a decode of this step holds: of exact sizes (`exact_size`), or (where every stream's
-        policy allows it: not --exact) a larger one judged with the tie margin where that costs less
-        (`wider_size`); None: one decode."""
+        """The most rows a decode of this step holds: None (one decode) where no batch is exact, else the exact
+        size that costs least for these rows (`exact_size`)."""
         if limit is None or self.costs is None:
             return limit
-        rows = [len(p.inputs) for _, p in together]
-        wider = None
-        if all(g.verification.may_batch for g, _ in together):
-            wider = wider_size(self.costs, rows, [_alpha(g) for g, _ in together], limit, self.unified, self.tie_rate)
-        return wider or exact_size(self.costs, rows, limit, self.unified)
+        return exact_size(self.costs, [len(p.inputs) for _, p in together], limit, self.unified)
 
 
 def _finish(g: Generation, plan, rows=None, verification: Verification | None = None,
