@@ -10,10 +10,10 @@ finally not at all. Fixed modes draft as told.
 
 Exactness under load: where the backend's batches are bit-identical to one-token decoding only up to a few rows
 (a Q4_K_M target's repacked CPU kernels: 3), a step of more rows is decoded in groups of the size that costs least
-(`exact_size`: four streams' rows as 2 + 2 where 3 rows cost more than 2 + 1). Larger groups judged with the tie
-margin were tried and left out: a row computed in a batch that is not exact leaves its KV a little off, and a
-near-tie some tokens later then goes the other way (one of four answers at four streams, Q4_K_M on a Zen 3),
-which no re-check of that later row can see.
+(`exact_size`: four streams' rows as 2 + 2 where 3 rows cost more than 2 + 1). They are not decoded at once with
+near-ties re-checked, as one long round past the exact cache is: a row computed in a batch that is not exact
+leaves its sequence's KV a little off, and a near-tie some tokens later can then go the other way (one of four
+answers at four streams, Q4_K_M on a Zen 3), which no re-check of that later row can see.
 """
 
 from __future__ import annotations
@@ -64,18 +64,26 @@ def grouped_seconds(costs: Costs, rows: list[int], size: int | None, unified: bo
     return sum(costs.batch_seconds(u) for g in groups(rows, size) for u in ubatches([rows[i] for i in g], unified))
 
 
+def _exact_sizes(costs: Costs, limit: int) -> set[int]:
+    """The group sizes exact decoding weighs: `limit`, and the exact batch size with the least cost per row
+    (`Costs.chunk`), often the same."""
+    return {limit, costs.chunk(limit)}
+
+
 def exact_size(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> int | None:
     """The group size exact decoding packs these rows in: `limit` or the exact batch size with the least cost per
-    row (`Costs.chunk`: where 3 rows cost 2.2 steps and 2 rows 1.4, four streams' rows go 2 + 2, not 3 + 1),
-    whichever costs less for these rows (None where limit is: one decode)."""
+    row (where 3 rows cost 2.2 steps and 2 rows 1.4, four streams' rows go 2 + 2, not 3 + 1), whichever costs less
+    for these rows (None where limit is: one decode)."""
     if limit is None:
         return None
-    return min((limit, costs.chunk(limit)), key=lambda size: grouped_seconds(costs, rows, size, unified))
+    return min(_exact_sizes(costs, limit), key=lambda size: (grouped_seconds(costs, rows, size, unified), -size))
 
 
 def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> float:
-    """What decoding these rows per sequence costs, as `Batch` decodes them exactly."""
-    return grouped_seconds(costs, rows, exact_size(costs, rows, limit, unified), unified)
+    """What decoding these rows per sequence costs, as `Batch` decodes them (in groups of `exact_size`)."""
+    if limit is None:
+        return grouped_seconds(costs, rows, None, unified)
+    return min(grouped_seconds(costs, rows, size, unified) for size in _exact_sizes(costs, limit))
 
 
 def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int, limit: int | None = None,
@@ -198,8 +206,9 @@ class Batch:
             plans = [(g, p if len(p.draft_tokens) == n else p.cut(n)) for (g, p), n in zip(plans, lengths)]
         alone = [(g, p) for g, p in plans if limit is not None and len(p.inputs) > limit]  # its own exact chunks
         together = [(g, p) for g, p in plans if limit is None or len(p.inputs) <= limit]
-        size = self._size(together, limit)
-        for part in groups([len(p.inputs) for _, p in together], size):
+        rows_each = [len(p.inputs) for _, p in together]
+        size = limit if self.costs is None else exact_size(self.costs, rows_each, limit, self.unified)
+        for part in groups(rows_each, size):
             members = [together[i] for i in part]
             if len(members) == 1:
                 alone += members
@@ -214,13 +223,6 @@ class Batch:
             out += [(g, _finish(g, p, r, _exactly(limit is not None, g.verification.tie_margin), seconds))
                     for (g, p), r in zip(members, rows)]
         return out + [(g, _finish(g, p)) for g, p in alone]
-
-    def _size(self, together: list, limit: int | None) -> int | None:
-        """The most rows a decode of this step holds: None (one decode) where no batch is exact, else the exact
-        size that costs least for these rows (`exact_size`)."""
-        if limit is None or self.costs is None:
-            return limit
-        return exact_size(self.costs, [len(p.inputs) for _, p in together], limit, self.unified)
 
 
 def _finish(g: Generation, plan, rows=None, verification: Verification | None = None,

@@ -167,13 +167,13 @@ def test_a_request_goes_to_the_free_sequence_that_holds_most_of_its_prompt():
     assert Scheduler(None, None, None, 4)._free_slot([1, 2, 3]) == 0  # nothing known: the lowest
 
 
-# exact batches of up to 3 rows, and a batch of 4 costing far less than 3 + 1 (a Q4_K_M target's repacked CPU
-# kernels are bit-identical only to 3 rows, and 4 rows in one decode cost 2.66 steps against 3.30 in two, on a Zen 3)
+# exact batches of up to 3 rows (a Q4_K_M target's repacked CPU kernels are bit-identical only to 3 rows), each
+# row beyond the first costing 5% of a step
 THREE = Costs([0.010 * (1 + 0.05 * i) for i in range(64)], 3)
 SHARED = [([1, 2, 3], dict(mode="target")), ([4, 5], dict(mode="target", temperature=0.9, seed=5)),
           ([6, 7, 8, 9], dict(mode="draft")), ([2, 2], dict(mode="draft", temperature=0.9, seed=7)),
           ([9, 1], dict(mode="target"))]
-SCALE = 8.0  # logits far enough apart that near-ties are few (as in most text), so one decode keeps paying
+SCALE = 8.0  # logits far enough apart that near-ties are few, as in most text
 
 
 def shared_run(exact: bool | None, drift: float = 0.1, margin: float | None = None):
