@@ -35,6 +35,8 @@ from .watch import Credit, RateWatch
 
 
 CONTINUED = "lookup+draft"  # the source of a copy continued by the draft model past its end
+# The most tokens a draft model's catch-up is spread over: a budget is an upper bound, and an answer often ends sooner.
+HORIZON = 256
 
 
 class AutoDrafter(Drafter):
@@ -78,6 +80,7 @@ class AutoDrafter(Drafter):
         self.model_alpha = Estimate(0.8, 2.0)
         self.watch = RateWatch()  # what each source's rounds deliver, whatever the table predicts
         self.credit = Credit(credited=("lookup", CONTINUED))  # what copies delivered over the table's forecast
+        self._end: int | None = None  # the history's length where the generation's budget runs out (None: unknown)
 
     def model_may_pay(self) -> bool:
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
@@ -104,6 +107,7 @@ class AutoDrafter(Drafter):
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         self.lookup.reset(prompt_tokens)
         self.corrections.at_least_floor(len(prompt_tokens))  # a long prompt's rows
+        self._end = len(prompt_tokens) + self.max_tokens if self.max_tokens else None
         if self.model is not None:
             # With the prompt, as in draft mode, where the model may pay (the prompt's time, not the first
             # round's); elsewhere lazily: the draft catches up only if and when it is used.
@@ -125,6 +129,25 @@ class AutoDrafter(Drafter):
     def step_cost(self) -> float:
         """Seconds of one plain decoding step now."""
         return self.costs.batch_seconds(1) * self.target_scale
+
+    def catch_up(self, history: list[int]) -> float:
+        """Seconds per token left that the draft model's catch-up (`ModelDrafter.backlog`: a lazy reset's prompt, the
+        rounds it sat out) adds to a round of its own now, a one-off spread over the tokens the generation has left
+        (at most HORIZON): the draft decodes them in one batch, each at what a row of the target's longest measured
+        batch costs in steps, times a draft step (unpriced, a server's lazy draft spent 1.9 s of a 64-token answer's
+        5.5 catching up on a 268-token prompt, for one round of its own)."""
+        backlog = self.model.backlog(history)
+        if not backlog or not self.draft_cost:
+            return 0.0
+        n = len(self.costs.target_batch_seconds)
+        row = self.costs.batch_seconds(n) / n / self.costs.batch_seconds(1)
+        left = HORIZON if self._end is None else max(1, min(HORIZON, self._end - len(history)))
+        return backlog * row * self.draft_cost / left
+
+    @staticmethod
+    def _after(rate: float, extra: float) -> float:
+        """A rate of tokens per second with `extra` seconds more per token."""
+        return 1.0 / (1.0 / rate + extra) if extra and rate > 0 else rate
 
     def _rescale(self, scale: float, observed: float, expected: float) -> float:
         ratio = min(self.clip, max(1 / self.clip, observed / (expected * scale)))
@@ -169,13 +192,13 @@ class AutoDrafter(Drafter):
                 weigh(name, range(1, min(draft_max, self._longest(head)) + 1),
                       lambda n, name=name, a=a: self.rate(a, n, self._head_step(name, n), n_past))
         if self.model is not None and self.draft_cost and allows("draft"):
-            a = self.model_alpha.value
+            a, extra = self.model_alpha.value, self.catch_up(history)
             weigh("draft", range(1, min(draft_max, self.model_max or draft_max) + 1),
-                  lambda n: self.rate(a, n, self.draft_cost, n_past))
+                  lambda n: self._after(self.rate(a, n, self.draft_cost, n_past), extra))
             if match and len(match) < draft_max and self.model.continues_copies and allows(CONTINUED):
                 copied = len(match)
                 weigh(CONTINUED, range(copied + 1, min(draft_max, copied + (self.model_max or draft_max)) + 1),
-                      lambda n: self.continued_rate(a_copy, copied, n - copied, n_past))
+                      lambda n: self._after(self.continued_rate(a_copy, copied, n - copied, n_past), extra))
         source, n, rate, table_rate = best
         if source == "lookup":  # judged by the estimate without the exploration bonus (which overshoots by design)
             alphas = self.copy_alphas(agreement, resumed, n, 0.0)  # verified as planned: in one batch or in chunks

@@ -33,6 +33,8 @@ class Drafter:
     # The heads reading the target's hidden states (MTP, EAGLE-3, DFlash) it may draft with, by name: the engine keeps
     # those following the target's decodes for this generation (AutoDrafter weighs them; others have none).
     heads: Mapping = MappingProxyType({})
+    # The generation's max_tokens, where the engine knows it: auto spreads a draft model's catch-up over what is left.
+    max_tokens: int | None = None
 
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False) -> None:
         """A new generation starts from these prompt tokens (reuse: a drafter with a KV cache may keep
@@ -68,6 +70,7 @@ class ModelDrafter(Drafter):
         self.n_shared = min(ctx.n_vocab, self.target_n_vocab)
         self._committed = 0  # a prefix of the KV cache known to agree with every later history
         self._lazy_end = 0  # a lazy reset: the prompt's tokens but its last (in the draft's ids), left to the first draft
+        self._seen = 0  # how much of the history (in the target's ids) the KV cache holds, as of the last draft
 
     def _own(self, token: int) -> int:
         """The draft's id for a target token (0 for one beyond the draft's vocabulary)."""
@@ -81,9 +84,10 @@ class ModelDrafter(Drafter):
     def reset(self, prompt_tokens: list[int], *, reuse: bool = False, lazy: bool = False) -> None:
         """Start a new generation: the prompt but its last token goes into the KV cache now (lazy:
         when the draft is first used). reuse: keep the cache's whole aligned batches of this prompt."""
-        prompt_tokens = self._own_history(prompt_tokens)
+        n_prompt, prompt_tokens = len(prompt_tokens), self._own_history(prompt_tokens)
         keep = self._committed = self.ctx.start(prompt_tokens, reuse=reuse)
         self._lazy_end = len(prompt_tokens) - 1 if lazy else 0
+        self._seen = min(keep, n_prompt - 1) if lazy else n_prompt - 1
         if not lazy and len(prompt_tokens) - 1 > keep:
             with self.ctx.no_rewind():  # drafts are rewound to the history, never into the prompt
                 self.ctx.decode(prompt_tokens[keep:-1], logits="none")
@@ -101,6 +105,11 @@ class ModelDrafter(Drafter):
     def _sync(self, history: list[int]) -> list[int]:
         """Drop rejected drafts from the KV cache; return the history tokens it has not seen (in the draft's ids)."""
         return self._sync_own(self._own_history(history))
+
+    def backlog(self, history: list[int]) -> int:
+        """How many tokens of `history` the draft decodes before its next draft beyond a round's own (the target's
+        token and the last drafted one): a lazy reset's prompt, or the rounds it sat out, at most."""
+        return max(0, len(history) - 2 - self._seen)
 
     def _caught_up(self, n_history: int, pending: list[int]) -> int:
         """How many of the tokens pending before a draft of a history this long (in the draft's ids) are a lazy
@@ -143,6 +152,7 @@ class ModelDrafter(Drafter):
                                   may_extend=may_extend, n_vocab=self.target_n_vocab)
         if after and qs is not None:
             qs = [np.eye(1, self.target_n_vocab, t)[0] for t in after] + qs
+        self._seen = len(history) + len(after) + len(tokens) - 1  # all but the last drafted token went into the cache
         return Draft(tokens=after + tokens, q=qs, seconds=time.perf_counter() - start, source=self.name,
                      copied=len(after), caught_up=caught_up)
 

@@ -311,8 +311,8 @@ class Engine(Closing):
         lookup = LookupDrafter(ends=getattr(self.target_model, "control_mask", None))
         drafter, draft_max = make_drafter(s.mode, verification, self.costs, model=model, draft_max=s.draft_max,
                                           lookup=lookup, lookup_max=s.lookup_max, p_min=s.draft_p_min, heads=heads)
-        if shared and drafter is not None:
-            drafter.lazy_model = True  # one of several sequences: the draft catches up when a batch lets it draft
+        if drafter is not None:  # beside other sequences the draft catches up when a batch lets it draft (lazily)
+            drafter.max_tokens, drafter.lazy_model = s.max_tokens, shared
         used = {HEAD_MODES.get(s.mode)} | set(drafter.heads if drafter is not None else ())
         for name, head in sorted(own.items(), key=lambda kv: kv[0] in used):  # off first: rows others read stay
             head.activate(name in used)  # a head follows the target only for generations that draft with it

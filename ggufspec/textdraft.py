@@ -178,6 +178,7 @@ class TextDrafter(ModelDrafter):
         else:
             tokens, qs = self._on_shared(history, logits, draft_max, params, rng, noise, p_min, may_extend)
         self._last = (rule, len(history), tokens) if not params.greedy else None
+        self._seen = len(history) + len(tokens) - 1  # about as many of the target's tokens as the cache then holds
         return Draft(tokens=tokens, q=qs, seconds=time.perf_counter() - start, source=self.name, caught_up=caught_up)
 
     def _learn(self, history: list[int]) -> None:

@@ -1,5 +1,7 @@
 """Cost-aware drafting on hand-made cost tables: the expectation math, the choice, what it learns, the cut."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -151,12 +153,13 @@ def test_one_stall_cannot_make_the_draft_model_look_cheap():
     import numpy as np
     from ggufspec.sampling import SamplingParams
 
-    d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter(), model=object(), draft_cost=0.025)
+    model = SimpleNamespace(backlog=lambda history: 0)  # nothing to catch up on, and no propose()
+    d = AutoDrafter(Verification.of(cpu_like(), True), cpu_like(), lookup=LookupDrafter(), model=model, draft_cost=0.025)
     d.model_alpha = Estimate(0.9, 1000)
     for _ in range(3):
         d.observe(_plain_round(10 * 0.043))
     assert 1.0 < d.target_scale <= 1.05 ** 3 + 1e-9
-    # object() has no propose(): choosing the draft model would raise here.
+    # the model has no propose(): choosing it would raise here.
     assert d.propose([5, 6, 7], 3, SamplingParams(), np.random.default_rng(0)).source == "target"
 
 
@@ -268,7 +271,7 @@ def test_a_rollback_is_counted_and_auto_drafts_shorter_or_not_at_all_where_it_co
     first = 0.002 + (1 - a) * (0.003 + gpu.batch_seconds(1))
     assert kept.rewind_seconds(4, a) == pytest.approx(first) and kept.rewind_seconds(5, a) == rolled.rewind_seconds(5, a)
     d = AutoDrafter(Verification.of(gpu, False), replace(gpu, rollback=replace(r, restore_seconds=0.1)),
-                    lookup=LookupDrafter(), model=object(), draft_cost=0.006)
+                    lookup=LookupDrafter(), model=SimpleNamespace(backlog=lambda history: 0), draft_cost=0.006)
     d.model_alpha = Estimate(0.7, 1000)
     assert d.propose([1, 2, 3], 8, None, None).source == "target"  # nothing drafted: the target steps alone
 
@@ -820,3 +823,43 @@ def test_a_copy_kept_whole_past_the_exact_cache_is_drafted_at_its_longest_its_ne
         auto.observe(Round(tokens=[1] * 2, n_past=500, n_drafted=3, n_accepted=1, target_seconds=0.3, ties_settled=1,
                            draft=Draft(tokens=[1] * 3, source="lookup", agreement=agreement, resumed=resumed)))
     assert auto.corrections.copy_ties == copies and auto.corrections.tie_rate > general
+
+
+def test_a_lazy_draft_models_catch_up_is_priced_into_its_rounds_over_the_tokens_left():
+    """A server's draft model catches up on the prompt at its first draft (lazily): a one-off as dear as the
+    prompt's evaluation, weighed against what its drafts save over the tokens the generation has left (at most
+    HORIZON). Unpriced, a lazy draft caught up on a 268-token prompt for one round of its own in a 64-token answer
+    (a third of the answer's time). The rounds it sits out are caught up on too, and priced alike."""
+    from fake import ScriptTarget
+
+    from ggufspec.auto import HORIZON
+    from ggufspec.drafters import ModelDrafter
+    from ggufspec.sampling import SamplingParams
+
+    table, rng = cpu_q8_like(), np.random.default_rng(0)
+    prompt, own = [10 + i % 300 for i in range(268)], [320 + i % 60 for i in range(300)]
+
+    def auto(max_tokens, lazy):
+        a = AutoDrafter(Verification.of(table, True), table, lookup=NoCopies(),
+                        model=ModelDrafter(ScriptTarget(prompt + own, 400)))
+        a.max_tokens, a.lazy_model = max_tokens, lazy
+        a.reset(prompt)
+        a.model_alpha = Estimate(0.95, 50.0)  # a draft that agrees: it pays once caught up
+        return a
+
+    def first(a, history):
+        return a.propose(history, 8, SamplingParams(), rng).source
+
+    history = prompt + own[:1]
+    assert first(auto(64, lazy=False), history) == "draft"  # with the prompt: nothing left to catch up on
+    lazy = auto(64, lazy=True)
+    assert lazy.model.backlog(history) == len(prompt) - 1
+    assert first(lazy, history) == "target"  # 267 tokens to decode for 63 left: plain decoding
+    assert first(auto(None, lazy=True), history) == first(auto(4096, lazy=True), history) == "draft"  # over HORIZON
+    assert lazy.catch_up(history) == pytest.approx(auto(None, lazy=True).catch_up(history) * HORIZON / 63)
+    caught = auto(4096, lazy=True)
+    d = caught.model.propose(history, 4, SamplingParams(), rng)
+    history += d.tokens + own[len(d.tokens) + 1:len(d.tokens) + 2]  # all kept, then the target's own
+    assert caught.model.backlog(history) == 0 and caught.catch_up(history) == 0.0
+    history += own[len(d.tokens) + 2:len(d.tokens) + 42]  # forty plain rounds the draft sat out
+    assert caught.model.backlog(history) == 40
