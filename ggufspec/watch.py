@@ -67,6 +67,8 @@ class RateWatch:
             self.probe = False
         elif source in self.resumed:
             self.resumed.discard(source)
+        elif r.draft is not None and r.draft.caught_up:
+            pass  # a lazy draft model's catch-up on the prompt: a one-off the planner priced (AutoDrafter.catch_up)
         else:
             self.rounds.setdefault(source, deque(maxlen=self.window)).append((len(r.tokens), seconds))
         for s in list(self.rounds):

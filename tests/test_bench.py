@@ -677,6 +677,20 @@ def test_concurrency_sizes_the_context_from_the_prompts_tokens(tiny):
     assert [(row["config"], row["tokens"]) for row in json.loads(r.stdout)["rows"]] == [("ggufspec target", 4)]
 
 
+def test_concurrency_with_speculation_off_alone_runs_the_server_serve_runs(tiny):
+    """`--modes target` alone once loaded without the measured costs, which `ggufspec serve` always has: every shared
+    step's rows were then judged as a batch that is not exact, near-ties decoded again one by one (the Q8_0 target at
+    eight requests: 70 extra one-token decodes, 17.7 against 25.0 tok/s), a slower server than the one users run."""
+    from ggufspec.bench.concurrency import fitted_engine
+    from ggufspec.bench.prompts import load_prompts
+    from ggufspec.models.resolve import LoadOptions
+
+    engine = fitted_engine(LoadOptions(target=str(tiny["target"]), n_gpu_layers=0), load_prompts(None, "code", 1),
+                           ("target",), (1, 2), 4, None)
+    with engine:
+        assert engine.costs is not None  # which shared rows are exact: serve's Batch decodes them without re-checks
+
+
 def test_a_request_the_server_refuses_shows_the_servers_message():
     """The server's one line (OpenAI's error body) is what the client says, not urllib's 'Bad Request'; a body of
     another shape leaves the status's own text."""

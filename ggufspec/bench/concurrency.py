@@ -189,9 +189,9 @@ def fitted_engine(load, prompts: list, modes: tuple[str, ...], levels: tuple[int
     from ..models.resolve import open_engine
     from ..core import PROMPT_CHUNK
 
-    def opened(slot: int):
+    def opened(slot: int):  # as serve's: the costs measured whatever the modes (which shared rows are exact)
         return open_engine(replace(load, n_seq=max(levels), n_ctx=max(levels) * slot, use_default=True,
-                                   prompt_chunk=load.prompt_chunk or PROMPT_CHUNK), modes=modes)[0]  # as serve's
+                                   prompt_chunk=load.prompt_chunk or PROMPT_CHUNK), modes=modes, measure=True)[0]
 
     engine = opened(slot_ctx or slot_tokens(prompts, max_tokens))
     try:

@@ -528,6 +528,31 @@ def test_a_draft_that_came_back_empty_is_the_drafters_round_not_a_plain_one():
     assert not watch.allows("draft") and watch.pauses == {"draft": 1}
 
 
+def test_a_lazy_draft_models_catch_up_round_is_not_held_against_it():
+    """A server's lazy draft model decodes the prompt at its first draft (`Draft.caught_up`): a one-off the planner
+    priced before it (`AutoDrafter.catch_up`), so the guard judges the draft model by the rounds after it; the same
+    slow round without the catch-up (a draft that costs that much each round) pauses it."""
+    from ggufspec.watch import RateWatch
+
+    def rounds(caught_up: int) -> list[Round]:
+        first = Round(tokens=[1, 2, 3, 4], n_past=300, n_drafted=3, n_accepted=3, draft_seconds=1.2,
+                      target_seconds=0.15, draft=Draft(tokens=[1, 2, 3], source="draft", caught_up=caught_up))
+        after = [Round(tokens=[1, 2, 3, 4], n_past=304 + 4 * i, n_drafted=3, n_accepted=3, draft_seconds=0.04,
+                       target_seconds=0.15, draft=Draft(tokens=[1, 2, 3], source="draft")) for i in range(3)]
+        return [first, *after]
+
+    plain = Round(tokens=[1], n_past=299, n_drafted=0, n_accepted=0, draft_seconds=0.0, target_seconds=0.07,
+                  draft=Draft(tokens=[], source="target"))
+    for caught_up, paused in ((299, False), (0, True)):
+        watch = RateWatch()
+        watch.observe(plain, 1 / 0.07)
+        for r in rounds(caught_up):
+            watch.observe(r, 1 / 0.07)
+        assert watch.allows("draft") is not paused and bool(watch.pauses) is paused, (caught_up, watch.pauses)
+        if not paused:
+            assert watch.rate("draft") == pytest.approx(12 / 0.57)
+
+
 def test_one_dear_verify_is_believed_at_once_and_forgotten_after_plain_rounds():
     """A verify that cost more than the table says (a long cache, or one stall) makes the next rounds plain at once;
     plain rounds teach nothing of batches, so what it taught fades, and drafting is tried again some rounds later."""
