@@ -42,18 +42,16 @@ def load(path, *, repack: bool | None, measure: bool, n_threads: int | None, **k
     elif not measure:
         return model
     else:  # repacked, not, repacked again: each load timed, closed before the next (never two in memory at once)
-        timings = []
-        for repacked in (True, False, True):
-            if timings:  # the first is the load made above
-                model = Model(path, repack=repacked, **kwargs)
-            try:
-                timings.append(timed(model, n_threads))
-            except BaseException:
-                model.close()
-                raise
-            if len(timings) < 3:
-                model.close()
-        first, off, again = timings
+        with model:
+            first = timed(model, n_threads)
+        with Model(path, repack=False, **kwargs) as unpacked:
+            off = timed(unpacked, n_threads)
+        model = Model(path, repack=True, **kwargs)
+        try:
+            again = timed(model, n_threads)
+        except BaseException:
+            model.close()
+            raise
         on = {k: min(first[k], again[k]) for k in first}  # a slow spell of the VM during one load is not the kernel's
         choice = prefers_repack(on, off)
         update_cache({key: {"repack": choice, "on": on, "off": off, "on_timings": [first, again],
