@@ -86,6 +86,33 @@ def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool
     return min(grouped_seconds(costs, rows, size, unified) for size in _exact_sizes(costs, limit))
 
 
+def identity_price(costs: Costs | None, n: int, unified: bool = False) -> tuple[int, float, float] | None:
+    """What keeping each of n requests' answers the target's own costs a plain step of theirs (one row each), where
+    it costs over a tenth more: (the size of the exact groups their rows are decoded in, the step's seconds so, its
+    seconds as one decode, as llama-server decodes it). None where nothing was measured, no batch is exact here
+    (one decode anyway), one KV cache holds them all (`-kvu`: no identity to keep), or n rows fit one exact decode."""
+    if costs is None or unified or costs.exact_batch < 2 or n <= costs.exact_batch:
+        return None
+    rows = [1] * n
+    size = exact_size(costs, rows, costs.exact_batch, unified)
+    grouped, one = grouped_seconds(costs, rows, size, unified), grouped_seconds(costs, rows, None, unified)
+    return (size, grouped, one) if grouped > 1.1 * one else None
+
+
+def identity_price_line(costs: Costs | None, n: int, unified: bool = False) -> str | None:
+    """`identity_price` for a reader: what n requests' exact groups cost in target steps against one decode, and the
+    flag that trades it (None where it costs little or nothing)."""
+    price = identity_price(costs, n, unified)
+    if price is None:
+        return None
+    size, grouped, one = price
+    step = costs.batch_seconds(1)
+    return (f"{n} requests' rows decode in exact groups of {size}, so that each answer is the target's own text: "
+            f"{grouped / step:.2f} target steps a step here against {one / step:.2f} in one decode, as llama-server "
+            "decodes them (--no-exact: one decode, near-ties decoded again alone, and an answer may leave a lone "
+            "request's text)")
+
+
 def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int, limit: int | None = None,
                  unified: bool = False) -> int:
     """The most tokens each speculating stream may draft this step: of 0..longest, the length whose expected

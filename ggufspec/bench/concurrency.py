@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..batching import identity_price_line
 from ..core import HEAD_MODES, MODES
 from ..errors import GGUFSpecError
 from .reference import LlamaServer
@@ -283,6 +284,8 @@ def ggufspec_rows(load, prompts: list, settings: BenchSettings, levels: tuple[in
                     if not reference:
                         reference.update({a.prompt: a.text for a in answers})
                     rows.append(row(f"ggufspec {mode}", n, answers, seconds, reference))
+                    if mode == "target" and served.exact is None:  # what each answer's identity costs these rows
+                        rows[-1]["identity_price"] = identity_price_line(engine.costs, n, engine.target_ctx.kv_unified)
                     note(f"{rows[-1]['config']} at concurrency {n}: {rows[-1]['aggregate_tokens_per_second']:.1f} tok/s")
         target, draft = engine.target_model, engine.draft_model
         paths = (target.path, draft.path if draft is not None and engine.bridge is None else None)
@@ -332,7 +335,8 @@ def concurrency_table(result: dict) -> str:
               "identical": "-" if r["identical"] is None else f"{r['identical']}/{r['requests']}"}
              for r in result["rows"]]
     meta = result["meta"]
-    against = against_llama_server(result["rows"])
+    against = against_llama_server(result["rows"]) + [f"N={r['concurrency']}: {r['identity_price']}"
+                                                      for r in result["rows"] if r.get("identity_price")]
     return (table(cells) + ("\n\n" + "\n".join(against) if against else "") + f"\n\n{meta['machine']}, {meta['threads']} threads; {meta['max_tokens']} tokens per "
             "request, greedy; identical: the target's own text, as ggufspec writes it alone"
             + (f"; each row the median of {meta['repeats']} runs taking turns, min-max their aggregate tok/s"

@@ -78,14 +78,27 @@ def serve_command(host, port, n_seq, kv_unified, prompt_chunk, alias, max_queue,
         defaults = resolve_settings(GenerationSettings(), settings)
         name = alias or Path(engine.target_model.path).stem
 
-        def ready(url: str) -> None:
-            click.echo(f"ggufspec serve: {name} on {url}/v1 ({n_seq} sequences of {engine.n_ctx} tokens, "
-                       f"mode {defaults.mode}); Ctrl-C stops it", err=True)
-
         stopped_by = serve(engine, name, defaults, host=host, port=port, max_queue=max_queue, api_key=api_key,
-                           grace=grace, ready=ready, say=lambda line: click.echo(line, err=True))
+                           grace=grace, ready=announce(engine, name, n_seq, defaults, kv_unified),
+                           say=lambda line: click.echo(line, err=True))
     if stopped_by is not None:  # as a shell reports a command its signal stopped: 130 for Ctrl-C, 143 for SIGTERM
         import signal
 
         click.echo(f"ggufspec serve: stopped by {signal.Signals(stopped_by).name}", err=True)
         raise SystemExit(128 + stopped_by)
+
+
+def announce(engine, name: str, n_seq: int, defaults, kv_unified: bool):
+    """What the server says once it listens: where, and (by default, where it is dear here) what keeping each answer
+    the target's own costs a step of n_seq requests (`batching.identity_price_line`)."""
+    from ..batching import identity_price_line
+
+    price = identity_price_line(engine.costs, n_seq, kv_unified) if defaults.exact is None else None
+
+    def ready(url: str) -> None:
+        click.echo(f"ggufspec serve: {name} on {url}/v1 ({n_seq} sequences of {engine.n_ctx} tokens, "
+                   f"mode {defaults.mode}); Ctrl-C stops it", err=True)
+        if price:
+            click.echo(f"ggufspec serve: {price}", err=True)
+
+    return ready

@@ -14,7 +14,8 @@ from ggufspec.costs import Costs
 from ggufspec.drafters import ModelDrafter
 from ggufspec.errors import GGUFSpecError
 from ggufspec.generation import Generation, GenerationSettings
-from ggufspec.batching import Batch, batch_budget, exact_size, groups, trimmed, ubatches
+from ggufspec.batching import (Batch, batch_budget, exact_size, groups, identity_price, identity_price_line, trimmed,
+                               ubatches)
 from ggufspec.serving import Scheduler, Ticket
 from ggufspec.verification import Verification
 
@@ -238,3 +239,25 @@ def test_exact_groups_are_of_the_size_that_costs_least():
     assert groups([1, 1, 1, 1], exact_size(ZEN3, [1, 1, 1, 1], 3, False)) == [[0, 1], [2, 3]]
     assert exact_size(ZEN3, [1, 2], 3, False) == 3
     assert exact_size(ZEN3, [1, 1, 1, 1], None, False) is None  # no exact batch: one decode
+
+
+# the same model's table on an Intel Xeon (Emerald Rapids), 2 threads, repacked: exact to 3, 4 rows (a GEMM) cheaper than 3
+EMERALD = Costs([x / 1000 for x in (84.8, 106.1, 163.2, 133.1, 133.4, 153.3, 251.7, 199.0)], 3)
+
+
+def test_what_each_answers_identity_costs_a_loaded_step_is_said_where_it_is_dear():
+    """Four requests' rows in exact groups of 2 cost 2.50 steps there against 1.57 in one decode: a line says so and
+    names --no-exact (Zen 3's 2 + 2 too: 2.83 steps against 2.49); not where the rows fit one exact decode, the
+    groups cost about what one decode does (rows of nearly a step each), nothing is exact, or one KV cache holds
+    them all."""
+    size, grouped, one = identity_price(EMERALD, 4)
+    assert size == 2 and round(grouped / 0.0848, 2) == 2.50 and round(one / 0.0848, 2) == 1.57
+    line = identity_price_line(EMERALD, 4)
+    assert "exact groups of 2" in line and "2.50 target steps" in line and "1.57 in one decode" in line
+    assert "--no-exact" in line
+    assert identity_price(EMERALD, 3) is None  # fits one exact decode
+    assert identity_price(ZEN3, 4)[0] == 2
+    assert identity_price(CPU, 32) is None  # 16 + 16 rows cost what 32 do, within a tenth
+    assert identity_price(Costs(EMERALD.target_batch_seconds, 1), 4) is None  # no exact batch: one decode anyway
+    assert identity_price(EMERALD, 4, unified=True) is None
+    assert identity_price(None, 4) is None and identity_price_line(None, 4) is None
