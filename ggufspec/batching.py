@@ -107,8 +107,9 @@ def identity_price_line(costs: Costs | None, n: int, unified: bool = False) -> s
         return None
     size, grouped, one = price
     step = costs.batch_seconds(1)
-    return (f"{n} requests' rows decode in exact groups of {size}, so that each answer is the target's own text: "
-            f"{grouped / step:.2f} target steps a step here against {one / step:.2f} in one decode, as llama-server "
+    within = f" up to {costs.exact_kv} cached tokens" if costs.exact_kv else ""  # beyond: one decode anyway
+    return (f"{n} requests' rows decode in exact groups of {size}{within}, so that each answer is the target's own "
+            f"text: {grouped / step:.2f} target steps a step here against {one / step:.2f} in one decode, as llama-server "
             "decodes them (--no-exact: one decode, near-ties decoded again alone, and an answer may leave a lone "
             "request's text)")
 

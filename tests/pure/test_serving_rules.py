@@ -3,6 +3,7 @@ far auto's streams may draft when they share a batch, and the scheduler's joins,
 numpy targets (each request's text is the one it writes alone)."""
 
 import queue
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -255,6 +256,7 @@ def test_what_each_answers_identity_costs_a_loaded_step_is_said_where_it_is_dear
     line = identity_price_line(EMERALD, 4)
     assert "exact groups of 2" in line and "2.50 target steps" in line and "1.57 in one decode" in line
     assert "--no-exact" in line
+    assert "groups of 2 up to 256 cached tokens," in identity_price_line(replace(EMERALD, exact_kv=256), 4)
     assert identity_price(EMERALD, 3) is None  # fits one exact decode
     assert identity_price(ZEN3, 4)[0] == 2
     assert identity_price(CPU, 32) is None  # 16 + 16 rows cost what 32 do, within a tenth
