@@ -89,8 +89,8 @@ def ours(engine: Engine, tokens: list[int], mode: str, n: int) -> Runout:
         for chunk in stream:
             r = Rnd(position, chunk.n_drafted, chunk.n_accepted, chunk.source)
             if chunk.n_drafted and "lookup" in chunk.source:
-                _, r.agreement, r.resumed = replay.match(history, chunk.n_drafted)
-                j = _copied_place(replay, history)
+                copy, r.agreement, r.resumed = replay.match(history, chunk.n_drafted)
+                j = replay._cursor[0] if copy else None  # the copied place, as `match` chose it
                 r.origin = "" if j is None else "prompt" if j < len(tokens) else "answer"
             seconds = chunk.stats.target_seconds
             r.verify_ms = (seconds - (previous or 0.0)) * 1e3
@@ -103,17 +103,6 @@ def ours(engine: Engine, tokens: list[int], mode: str, n: int) -> Runout:
     finally:
         stream.close()
     return out
-
-
-def _copied_place(replay: LookupDrafter, history: list[int]) -> int | None:
-    """The position lookup copies from (the matched place's last token), as `match` chose it."""
-    best = None
-    for n in range(replay.ngram_max, replay.ngram_min - 1, -1):
-        seen = replay._index[n].get(tuple(history[-n:])) if len(history) >= n else None
-        if seen:
-            best = max((replay._agreement(history, j), j) for j in seen)[1]
-            break
-    return best
 
 
 def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> Runout:

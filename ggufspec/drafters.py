@@ -237,10 +237,12 @@ class LookupDrafter(Drafter):
     Of the recent occurrences of the matched n-gram, the one whose agreement with the history
     reaches furthest back wins: when an answer copies a block of the prompt, that is the place
     being copied, not merely the latest line that happens to end the same way. `match` reports
-    that agreement length, which predicts acceptance far better than the n-gram length alone.
+    that agreement length, which predicts acceptance far better than the n-gram length alone. But first the places
+    just after the one the last copy came from: a text copying its source with edits reads it in order.
     """
 
     name = "lookup"
+    slack = 8  # how much of its source a copy read in order may skip past the history's growth (`_continuing`)
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2, candidates: int = 8, reach: int = 32,
                  ends: np.ndarray | None = None):
@@ -260,6 +262,10 @@ class LookupDrafter(Drafter):
         # the one the text wrote instead. Later copies draft the new one (a rename recurs: `return config` after
         # `config[key] = ...` became `settings[key] = ...`); a wrong guess costs only a rejected draft token.
         self.renames: dict[int, int] = {}
+        # Where the last copy came from: (the copied place aligned with the history's end then, the history's length
+        # then). A text copying its source goes on through it in order, so the next copy is looked for right after
+        # that place first (`_continuing`).
+        self._cursor: tuple[int, int] | None = None
 
     def _extend_index(self, history: list[int]) -> None:
         # Index n-grams ending at positions < len(history) - 1, so the current suffix never finds itself.
@@ -285,6 +291,24 @@ class LookupDrafter(Drafter):
                 return m + after
         return m
 
+    def _continuing(self, history: list[int]) -> tuple[int, int]:
+        """(agreement, place) of the best match that continues the last copy's source: a place from the one the last
+        copy was aligned with on, no further than the history has grown since (and `slack` more: an answer may drop
+        a few of its source's tokens); (0, -1) where none. An answer that edits its source as it goes (type hints, a rename,
+        a docstring inserted) meets the same lines elsewhere too (`total = 0` in the function before and after), and
+        the latest of equally long agreements is the wrong one: the source is read in order."""
+        if self._cursor is None:
+            return 0, -1
+        at, then = self._cursor
+        last = len(history) - 1
+        hi = min(last - 1, at + (len(history) - then) + self.slack)
+        places = {j for n in range(self.ngram_min, self.ngram_max + 1) if len(history) >= n
+                  for j in self._index[n].get(tuple(history[-n:]), ()) if at <= j <= hi}
+        if not places:
+            return 0, -1
+        m, j = max((self._agreement(history, j), -j) for j in places)  # ties: the nearest
+        return m, -j
+
     def match(self, history: list[int], draft_max: int) -> tuple[list[int], int, bool]:
         """(continuation tokens, length of the agreement before it, whether the copy resumes past a changed token);
         ([], 0, False) when nothing matches. Where the history's last token is one the copied place does not have (a
@@ -292,9 +316,10 @@ class LookupDrafter(Drafter):
         one token further on. Such a copy is a guess (the text may have left its source for good: a summary's own
         words after a quote), right far less often than a copy of the same agreement that nothing broke."""
         self._extend_index(history)
-        best: tuple[int, int] = (0, -1)  # (agreement, the copied place's last position): continue at +1
+        # (agreement, the copied place's last position): continue at +1. The source read on in order first.
+        best: tuple[int, int] = self._continuing(history)
         resumed = False
-        for n in range(self.ngram_max, self.ngram_min - 1, -1):
+        for n in range(self.ngram_max, self.ngram_min - 1, -1) if best[1] < 0 else ():
             seen = self._index[n].get(tuple(history[-n:])) if len(history) >= n else None
             if seen:
                 best = max((self._agreement(history, j), j) for j in seen)  # ties: the latest
@@ -310,6 +335,7 @@ class LookupDrafter(Drafter):
         m, j = best
         if j < 0:
             return [], 0, False
+        self._cursor = (j, len(history))
         renames, ends, copy = self.renames, self.ends, []
         # A text repeating itself with period d = last - j (the history's last m >= d tokens equal those d before
         # them: a run of one token, a row of a table) goes on repeating: the copy runs on past the history's end

@@ -888,3 +888,30 @@ def test_a_lazy_draft_models_catch_up_is_priced_into_its_rounds_over_the_tokens_
     assert caught.model.backlog(history) == 0 and caught.catch_up(history) == 0.0
     history += own[len(d.tokens) + 2:len(d.tokens) + 42]  # forty plain rounds the draft sat out
     assert caught.model.backlog(history) == 40
+
+
+def test_lookup_reads_its_source_in_order_where_the_same_lines_recur():
+    """An edit that inserts text into the lines it copies (type hints: `total = 0` becomes `total: float = 0`) meets
+    lines its source has twice (the loop of `mean` and of `variance`): the copy goes on from the place after the one
+    it was copying, where the latest of equally long agreements is the later function's."""
+    import numpy as np
+
+    tokens = [int(t) for t in np.random.default_rng(5).permutation(np.arange(10, 200))]
+    head_a, head_b, common, body_a, body_b = (tokens[i:i + 12] for i in range(0, 60, 12))
+    prompt = [1, 2] + head_a + common + body_a + [3] * 20 + head_b + common + body_b
+    answer = head_a + common[:1] + [7, 8] + common[1:] + body_a  # two tokens inserted after the common lines' first
+    at = len(head_a) + 3 + len(common) - 1  # the answer up to the common lines' end: what comes next is body_a
+    lookup, history = LookupDrafter(), list(prompt)
+    for t in answer[:at]:  # a match every round, as auto asks for one
+        history.append(t)
+        lookup.match(history, 8)
+    assert lookup.match(history, 8)[0] == body_a[:8]
+    assert LookupDrafter().match(history, 8)[0] == body_b[:8]  # without the order read: the later place
+    # replayed in 8-token rounds: one round fewer, the body drafted from the place being copied
+    assert _replay(LookupDrafter(), prompt, answer, 8) == (9, 28) and _replay(_unordered(), prompt, answer, 8) == (10, 27)
+
+
+def _unordered() -> LookupDrafter:
+    lookup = LookupDrafter()
+    lookup._continuing = lambda history: (0, -1)
+    return lookup
