@@ -98,10 +98,13 @@ def test_byte_level_bpe_and_sentencepiece_draft_for_each_other(tiny, bpe_model, 
 @pytest.mark.slow
 def test_the_real_pair_of_another_tokenizer_writes_the_targets_text():
     """Gemma 3 270M (262k SentencePiece tokens) drafting for Qwen2.5-Coder 1.5B (152k byte-level BPE): greedy and
-    seeded, the target's own text, with drafts accepted."""
+    seeded, the target's own text, with drafts accepted. Loaded as users load it, with the costs measured: where this
+    machine has bit-exact batches the rounds are verified in them (identity by construction). Unmeasured, every round
+    is one batch whose near-ties are re-decoded over batched KV rows, which on an Emerald Rapids Xeon left the text
+    at "def is_prime(num" (target-only: "(number"; the re-decoded row's top-2 gap 0.04: docs/guarantees.md, where greedy bends)."""
     messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
     with Engine(real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), real_model("gemma-3-270m-q4_k_m.gguf"),
-                n_ctx=1024, measure=False) as e:
+                n_ctx=1024) as e:
         for kw in ({}, {"temperature": 0.7, "seed": 3}):
             alone = e.generate(messages=messages, max_tokens=64, mode="target", **kw)
             out = e.generate(messages=messages, max_tokens=64, mode="draft", draft_max=4, **kw)
