@@ -101,7 +101,8 @@ def test_the_real_pair_of_another_tokenizer_writes_the_targets_text():
     seeded, the target's own text, with drafts accepted. Loaded as users load it, with the costs measured: where this
     machine has bit-exact batches the rounds are verified in them (identity by construction). Unmeasured, every round
     is one batch whose near-ties are re-decoded over batched KV rows, which on an Emerald Rapids Xeon left the text
-    at "def is_prime(num" (target-only: "(number"; the re-decoded row's top-2 gap 0.04: docs/guarantees.md, where greedy bends)."""
+    at "def is_prime(num" (target-only: "(number"; the re-decoded row's top-2 gap 0.04: docs/guarantees.md says
+    where greedy bends)."""
     messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
     with Engine(real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"), real_model("gemma-3-270m-q4_k_m.gguf"),
                 n_ctx=1024) as e:
