@@ -72,6 +72,8 @@ class AutoDrafter(Drafter):
                       if self._pays(self._head_step(name, self._longest(h)), self._longest(h))}
         self.head_alpha = {name: Estimate(0.7, 2.0) for name in self.heads}
         self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
+        # what a draft model's round costs beyond its steps (its first decode takes 2 rows, after the target's)
+        self._draft_round = 0.0 if draft_cost is not None else costs.draft_round_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the match agrees
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
@@ -124,6 +126,11 @@ class AutoDrafter(Drafter):
     def draft_cost(self) -> float | None:
         """Seconds per drafted token now (the catch-up of the draft's KV cache included)."""
         return None if self._draft_cost is None else self._draft_cost * self.draft_scale
+
+    def draft_step(self, n: int) -> float | None:
+        """Seconds per drafted token now in a draft model's draft of n tokens: a step each, and the round's first
+        decode's second row spread over them."""
+        return None if self._draft_cost is None else (self._draft_cost + self._draft_round / n) * self.draft_scale
 
     @property
     def step_cost(self) -> float:
@@ -194,7 +201,7 @@ class AutoDrafter(Drafter):
         if self.model is not None and self.draft_cost and allows("draft"):
             a, extra = self.model_alpha.value, self.catch_up(history)
             weigh("draft", range(1, min(draft_max, self.model_max or draft_max) + 1),
-                  lambda n: self._after(self.rate(a, n, self.draft_cost, n_past), extra))
+                  lambda n: self._after(self.rate(a, n, self.draft_step(n), n_past), extra))
             if match and len(match) < draft_max and self.model.continues_copies and allows(CONTINUED):
                 copied = len(match)
                 weigh(CONTINUED, range(copied + 1, min(draft_max, copied + (self.model_max or draft_max)) + 1),
@@ -324,7 +331,8 @@ class AutoDrafter(Drafter):
                 self.model_alpha.update(r.n_accepted, r.n_drafted)
                 # per drafted token, so the catch-up of the draft's cache counts (not a lazy draft's of the prompt)
                 if self._draft_cost and not r.draft.caught_up:
-                    self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted, self._draft_cost)
+                    self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted,
+                                                     self._draft_cost + self._draft_round / r.n_drafted)
             elif source == CONTINUED:  # the copy's tokens teach the copy's estimate, the model's the model's
                 copied = min(r.draft.copied, r.n_drafted)
                 self._learn_copy(r.draft, min(r.n_accepted, copied), copied)

@@ -98,6 +98,9 @@ class Costs:
     # the largest move of a near-top token against the pick seen in a batch that was not bit-exact against one-token
     # decoding (`batch_drift`, measured at load); it raises verification's tie margin where larger; None: not measured
     drift: float | None = None
+    # what a draft model's round costs beyond its steps: its first decode takes the round's last drafted token and
+    # the target's own together (2 rows, not 1), before it drafts (0: not measured)
+    draft_round_seconds: float = 0.0
     _chunks: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # limit -> chunk(limit)
     _rounds: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see round_seconds
 
@@ -126,6 +129,12 @@ class Costs:
         return self.tie_rate * sum(alpha ** j * (self.batch_seconds(1) + (alpha * self.batch_seconds(n - 1 - j)
                                                                           if j < n - 1 else 0.0))
                                    for j in range(n))
+
+    def draft_step(self, n: int) -> float | None:
+        """Seconds per drafted token of the draft model in a draft of n tokens (None: no draft model)."""
+        if self.draft_token_seconds is None:
+            return None
+        return self.draft_token_seconds + self.draft_round_seconds / max(1, n)
 
     @property
     def mtp_token_seconds(self) -> float | None:
@@ -250,6 +259,7 @@ class Costs:
                               "break_even_alpha": self.break_even(step, verify_batch, MARGIN, reach.get(name, longest)),
                               "speedup_if_always_right": best, "draft_max_if_always_right": n}
         return {"target_batch_seconds": self.target_batch_seconds, "draft_token_seconds": self.draft_token_seconds,
+                "draft_round_seconds": self.draft_round_seconds,
                 "mtp_token_seconds": self.mtp_token_seconds, "head_seconds": self.head_seconds,
                 "exact_batch": self.exact_batch, "exact_kv": self.exact_kv, "ceiling_speedup": ceiling, "ceiling_tokens_per_round": ceiling_n,
                 "ceiling_past_exact_kv": beyond, "ceiling_past_exact_kv_tokens_per_round": beyond_n,

@@ -272,6 +272,58 @@ def test_a_draft_step_from_a_busier_moment_is_measured_again(tiny, capfd):
     assert measure.load_cache()[key]["token_seconds"] < 0.01
 
 
+def test_a_table_from_a_somewhat_slower_moment_is_read_at_todays_speed(tiny, monkeypatch):
+    """A cached table whose one-token step is 1.1-1.5x off the step timed at load (a busier or quieter day on the
+    same machine) keeps its shape and is read at today's speed, the draft's step and round too, without measuring
+    again or rewriting the cache; within 1.1x it is read as it is. (The tiny models decode in well under the timer's
+    noise, so the step timed at load is given here.)"""
+    from ggufspec.llama import cost_cache, measure
+    from ggufspec.llama.backend import Context, Model
+
+    def costs():
+        with Model(tiny["target"]) as t, Context(t, n_ctx=128) as tc, Model(tiny["close"]) as d, \
+                Context(d, n_ctx=128) as dc:
+            return measure.costs_for(tc, dc)
+
+    costs()
+    cache = measure.load_cache()
+    (key,) = [k for k in cache if not cost_cache.is_step_key(k) and not k.endswith("|draft")]
+    (dkey,) = [k for k in cache if k.endswith("|draft")]
+    assert cache[dkey]["round_seconds"] >= 0.0  # measured beside the draft's step
+    n = len(cache[key]["target_batch_seconds"])
+    cache[key]["target_batch_seconds"] = [0.050 * (1 + i / 4) for i in range(n)]
+    cache[dkey].update(token_seconds=0.050, round_seconds=0.010)
+    cost_cache._save_cache(cache)
+    before = measure.load_cache()
+    monkeypatch.setattr(measure, "measure_target", lambda *a, **k: pytest.fail("measured again"))
+    for now, factor in [(0.065, 1.3), (0.0525, 1.0), (0.040, 0.8)]:
+        monkeypatch.setattr(measure, "measure_draft_step", lambda ctx, n=6, repeats=2, now=now: now)
+        c = costs()
+        assert c.target_batch_seconds[:3] == pytest.approx([0.050 * factor, 0.0625 * factor, 0.075 * factor])
+        assert (c.draft_token_seconds, c.draft_round_seconds) == pytest.approx((0.050 * factor, 0.010 * factor))
+        assert measure.load_cache() == before
+
+
+def test_a_draft_entry_without_its_rounds_cost_gets_it_and_keeps_its_step(tiny):
+    """A draft entry cached before rounds were timed (no round_seconds) keeps its step and gains the round's cost."""
+    from ggufspec.llama import cost_cache, measure
+    from ggufspec.llama.backend import Context, Model
+
+    def costs():
+        with Model(tiny["target"]) as t, Context(t, n_ctx=128) as tc, Model(tiny["close"]) as d, \
+                Context(d, n_ctx=128) as dc:
+            return measure.costs_for(tc, dc)
+
+    costs()
+    cache = measure.load_cache()
+    (dkey,) = [k for k in cache if k.endswith("|draft")]
+    step = cache[dkey]["token_seconds"]
+    del cache[dkey]["round_seconds"]
+    cost_cache._save_cache(cache)
+    assert costs().draft_token_seconds == step
+    assert measure.load_cache()[dkey]["round_seconds"] >= 0.0 and measure.load_cache()[dkey]["token_seconds"] == step
+
+
 def test_other_processes_busy_on_the_cpus_are_seen():
     """busy_elsewhere counts the CPU time of every other process (a busy loop: about one CPU), not this one's."""
     import subprocess

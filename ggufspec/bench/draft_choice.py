@@ -90,13 +90,14 @@ def _measure_group(target: Path, draft: str | None, group: list[dict], prompts, 
 
 
 def _step_seconds(costs, mode: str, draft_max: int | None) -> float | None:
-    """Seconds per drafted token of a mode's drafter, from the engine's measured costs: the draft model's step, a
+    """Seconds per drafted token of a mode's drafter, from the engine's measured costs: the draft model's step (its
+    round's first decode shared over the draft_max tokens it drafts), a
     head's (MTP, EAGLE-3, DFlash: a DFlash block's cost shared over the draft_max tokens it drafts), lookup's none."""
     if mode == "lookup":
         return 0.0
     if mode in HEAD_MODES:
         return costs.head_step(HEAD_MODES[mode], draft_max or 1)
-    return costs.draft_token_seconds if mode == "draft" else None
+    return costs.draft_step(draft_max or 1) if mode == "draft" else None
 
 
 def fastest(measured: dict) -> dict | None:

@@ -78,7 +78,7 @@ def rows(runs: list[Run], engine: Engine, settings: BenchSettings, by: str = "al
                     if row["divergence"] is None:
                         row["divergence"] = {"prompt": r.prompt.label, "token": pos}
         if alpha is not None and config.draft_max and costs is not None and config.mode != "auto":
-            draft_cost = (costs.draft_token_seconds if config.mode == "draft" else
+            draft_cost = (costs.draft_step(config.draft_max) if config.mode == "draft" else
                           costs.head_step(HEAD_MODES[config.mode], config.draft_max) if config.mode in HEAD_MODES
                           else 0.0) or 0.0
             row["predicted_speedup"] = predicted_speedup(alpha, config.draft_max, draft_cost / costs.target_token_seconds)
