@@ -86,7 +86,10 @@ class AutoDrafter(Drafter):
 
     def model_may_pay(self) -> bool:
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
-        return self.model is not None and self._pays(self._draft_cost)
+        if self.model is None or not self._draft_cost:
+            return False
+        longest = min(self.model_max or MAX_BATCH, len(self.costs.target_batch_seconds) - 1)
+        return self._pays(self._draft_cost + self._draft_round / max(1, longest))
 
     def _pays(self, step: float | None, longest: int | None = None) -> bool:
         """Whether an always-right drafter at `step` seconds a drafted token, drafting up to `longest`, would beat

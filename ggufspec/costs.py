@@ -246,8 +246,8 @@ class Costs:
         beyond, beyond_n = self.ceiling(None) if verify_batch and self.exact_kv is not None else (ceiling, ceiling_n)
         longest = max(1, len(self.target_batch_seconds) - 1)
         steps = {"lookup": 0.0}
-        if self.draft_token_seconds:
-            steps["draft model"] = self.draft_token_seconds
+        if self.draft_token_seconds:  # its round's first decode spread over its longest draft, as auto plans it
+            steps["draft model"] = self.draft_step(longest)
         reach = {}  # the longest draft each drafter makes (a DFlash block's size less one)
         for name, h in self.head_seconds.items():  # a DFlash block's cost spread over its longest draft
             reach[HEAD_LABELS.get(name, name)] = min(longest, h.get("longest") or longest)
@@ -296,6 +296,14 @@ class Costs:
                       "`ggufspec bench qwen2.5-coder-1.5b-q8_0` shows one) or its layers on a GPU")
         return (f"a batch of {n} costs {steps:.2f} target steps: each extra verified token costs {extra:.2f} of a step "
                 f"with {what} on this machine, so speculation can gain little here; {change} would change that")
+
+
+def draft_step_text(c: dict, t1: float) -> str:
+    """`costs` and the bench footer on the draft model (c: `Costs.report`'s fields; t1: a target step): its step
+    against the target's, and what its round costs beyond its steps, where measured."""
+    s, extra = c["draft_token_seconds"], c.get("draft_round_seconds") or 0.0
+    more = f", and {1000 * extra:.1f} ms a round more (its first decode: 2 rows, after the target's batch)"
+    return f"draft step {1000 * s:.1f} ms ({s / t1:.2f} of a target step){more if extra >= 5e-5 else ''}"
 
 
 # How `costs` and the bench footer name each head.

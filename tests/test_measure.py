@@ -302,10 +302,20 @@ def test_a_table_from_a_somewhat_slower_moment_is_read_at_todays_speed(tiny, mon
         assert c.target_batch_seconds[:3] == pytest.approx([0.050 * factor, 0.0625 * factor, 0.075 * factor])
         assert (c.draft_token_seconds, c.draft_round_seconds) == pytest.approx((0.050 * factor, 0.010 * factor))
         assert measure.load_cache() == before
+    # an entry without the round's cost, 1.3x off: the round is timed at today's speed (against today's step) and
+    # cached at the speed of the step it sits beside
+    del before[dkey]["round_seconds"]
+    cost_cache._save_cache(before)
+    monkeypatch.setattr(measure, "measure_draft_step", lambda ctx, n=6, repeats=2: 0.065)
+    monkeypatch.setattr(measure, "measure_draft_round", lambda ctx, target, step: 0.2 * step)
+    assert costs().draft_round_seconds == pytest.approx(0.013)
+    assert measure.load_cache()[dkey]["round_seconds"] == pytest.approx(0.010)
 
 
-def test_a_draft_entry_without_its_rounds_cost_gets_it_and_keeps_its_step(tiny):
-    """A draft entry cached before rounds were timed (no round_seconds) keeps its step and gains the round's cost."""
+@pytest.mark.parametrize("damage", ["missing", float("nan"), True, -1.0])
+def test_a_draft_entry_without_its_rounds_cost_gets_it_and_keeps_its_step(tiny, damage):
+    """A draft entry cached before rounds were timed (no round_seconds), or with one that is no time, keeps its step
+    and gains the round's cost."""
     from ggufspec.llama import cost_cache, measure
     from ggufspec.llama.backend import Context, Model
 
@@ -318,7 +328,10 @@ def test_a_draft_entry_without_its_rounds_cost_gets_it_and_keeps_its_step(tiny):
     cache = measure.load_cache()
     (dkey,) = [k for k in cache if k.endswith("|draft")]
     step = cache[dkey]["token_seconds"]
-    del cache[dkey]["round_seconds"]
+    if damage == "missing":
+        del cache[dkey]["round_seconds"]
+    else:
+        cache[dkey]["round_seconds"] = damage
     cost_cache._save_cache(cache)
     assert costs().draft_token_seconds == step
     assert measure.load_cache()[dkey]["round_seconds"] >= 0.0 and measure.load_cache()[dkey]["token_seconds"] == step

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from ..costs import HEAD_LABELS, draft_step_text
 from ..errors import GGUFSpecError
 from ..models.offload import moe_text, size_text
 from ..text import plural
@@ -174,8 +175,7 @@ def _costs_line(meta: dict) -> str:
     if len(t) >= 4:
         line += f"; a batch of 4 costs {t[3] / t[0]:.2f} steps"
     if c["draft_token_seconds"]:
-        line += (f"; draft step {1000 * c['draft_token_seconds']:.1f} ms ({c['draft_token_seconds'] / t[0]:.2f} of a target step)"
-                 + _draft_round(c))
+        line += f"; {draft_step_text(c, t[0])}"
     for head in _head_steps(c.get("head_seconds") or {}, t[0]):
         line += f"; {head}"
     line += f"; batches up to {meta['exact_batch']} are bit-identical to one-token decoding{_up_to(c)}"
@@ -228,13 +228,6 @@ def plot_sweep(rows: list[dict], path: str) -> None:
 # --- other commands ------------------------------------------------------------------------------
 
 
-def _draft_round(c: dict) -> str:
-    """What a draft model's round costs beyond its steps, where measured."""
-    extra = c.get("draft_round_seconds") or 0.0
-    return (f", and {1000 * extra:.1f} ms a round more (its first decode: 2 rows, after the target's batch)"
-            if extra >= 5e-5 else "")
-
-
 def costs_text(out: dict) -> str:
     t = out["target_batch_seconds"]
     t1 = t[0]
@@ -244,8 +237,7 @@ def costs_text(out: dict) -> str:
                           ("exact", "= one-token decoding"), ("gain", "tokens / steps")]), "",
              f"{Path(out['target']).name}, {plural(out['threads'], 'thread')}: one target step {1000 * t1:.1f} ms"]
     if out["draft_token_seconds"]:
-        lines.append(f"draft step {1000 * out['draft_token_seconds']:.1f} ms ({out['draft_token_seconds'] / t1:.2f} of a target step)"
-                     + _draft_round(out))
+        lines.append(draft_step_text(out, t1))
     if out.get("repack"):  # llama.cpp's CPU weight repacking, where it is a choice (llama/repack.py)
         said = ", ".join(f"{role} {('no', 'yes')[on]}" for role, on in out["repack"].items())
         lines.append(f"weights repacked: {said} (--repack / --no-repack; default: whichever was timed faster here)")
@@ -395,8 +387,6 @@ def doctor_text(r: dict) -> str:
 def _head_steps(head_seconds: dict, target_step: float) -> list[str]:
     """A line per head reading the target's hidden states: what a drafted token costs, its catch-up included
     (a DFlash draft: what its block costs, and what following the target costs per verified row)."""
-    from ..costs import HEAD_LABELS
-
     lines = []
     for name, h in head_seconds.items():
         label = HEAD_LABELS.get(name, name).split()[0]  # MTP, EAGLE-3, DFlash

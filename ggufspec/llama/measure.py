@@ -203,7 +203,7 @@ def measure_draft_round(ctx: Context, target: Context, step: float, repeats: int
     themselves. 0.5B Q4_K_M drafting for the 1.5B on an Emerald Rapids Xeon: a 1-token draft's round took 120 ms
     where the table's target batch of 2 and draft step said 96."""
     tokens = _probe_tokens(ctx, 8 + 2 * (repeats + 1))
-    probe = _probe_tokens(target, 8 + 2 * (repeats + 1))
+    probe = _probe_tokens(target, 8 + 2 * (repeats + 1))  # each repeat: 2 rows after the same 8, in both
     ctx.clear(), target.clear()
     ctx.decode(tokens[:8], logits="none")
     target.decode(probe[:8], logits="none")
@@ -219,7 +219,7 @@ def measure_draft_round(ctx: Context, target: Context, step: float, repeats: int
         target.truncate(tbase)
         alone.append(timed(target, probe[8 + 2 * i:10 + 2 * i]))
     for i in range(repeats + 1):
-        target.truncate(tbase)
+        target.truncate(tbase), ctx.truncate(base)
         t = timed(target, probe[8 + 2 * i:10 + 2 * i])
         together.append(t + timed(ctx, tokens[8 + 2 * i:10 + 2 * i]))
     ctx.clear(), target.clear()
@@ -316,6 +316,11 @@ def step_now(cached: float, ctx: Context) -> float | None:
     return None
 
 
+def _seconds(x) -> bool:
+    """Whether a cached time is one: a finite number of seconds, 0 or more (not a bool, NaN or infinity)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x < float("inf")
+
+
 def is_current(key: str) -> bool:
     """Whether this version would read the entry under `key` today: its format, and its file as it was measured."""
     parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id[|draft]
@@ -336,11 +341,13 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
     entry = None if refresh else cache.get(tkey)
     # absent, damaged by hand or by another version, or too short for this context: measure again
     usable = valid_target_entry(entry) and serves(entry, target)
+    speed = 1.0  # a cached table's seconds times this: today's (the heads' too: they run on the target's device)
     if usable:
         factor = step_now(entry["target_batch_seconds"][0], target)
         if factor is None:
             refresh = True  # the machine runs at another speed than when this was measured: the draft's too
         elif factor != 1.0:  # read at today's speed (auto's first choices, the footers), not written back
+            speed = factor
             entry = dict(entry, target_batch_seconds=[s * factor for s in entry["target_batch_seconds"]])
     if not refresh and not usable and tkey in _UNCACHED and say_if_shared(target.n_threads):
         entry = _UNCACHED[tkey]  # erratic in this process, and the CPUs still shared: not measured again and again
@@ -360,8 +367,9 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             step = measure_draft_step(draft)
             d = new[dkey] = {"token_seconds": step, "round_seconds": measure_draft_round(draft, target, step),
                              "machine": machine()["summary"]}
-        elif not isinstance(d.get("round_seconds"), (int, float)) or d["round_seconds"] < 0:  # an older entry
-            d = new[dkey] = dict(d, round_seconds=measure_draft_round(draft, target, d["token_seconds"]))
+        elif not _seconds(d.get("round_seconds")):  # an older entry (or one damaged by hand): timed now, at
+            # today's speed, and kept at the speed its step was measured at
+            d = new[dkey] = dict(d, round_seconds=measure_draft_round(draft, target, d["token_seconds"] * factor) / factor)
         factor = factor or 1.0  # measured just now: as it is
         draft_seconds, draft_round = d["token_seconds"] * factor, d["round_seconds"] * factor
     head_seconds = {}
@@ -373,7 +381,8 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             d = {"token_seconds": measured["token"], "round_seconds": measured.get("round", 0.0),
                  "machine": machine()["summary"]}
             new[hkey] = d
-        head_seconds[head.name] = {"token": d["token_seconds"], "round": d.get("round_seconds") or 0.0,
+        scale = 1.0 if hkey in new else speed
+        head_seconds[head.name] = {"token": d["token_seconds"] * scale, "round": (d.get("round_seconds") or 0.0) * scale,
                                    "longest": getattr(head, "max_draft", None)}  # a DFlash block's drafts
     update_cache(new)
     rollback = entry.get("rollback")
