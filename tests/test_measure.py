@@ -253,14 +253,23 @@ def test_a_table_from_a_busier_moment_is_measured_again(tiny, capfd):
     assert measured(tiny)[1] == 0  # as measured now: used as it is
 
 
-def test_a_draft_step_from_a_busier_moment_is_measured_again(tiny, capfd):
-    from ggufspec.llama import cost_cache, measure
+def pair_costs(tiny):
+    """costs_for on the tiny target and its close draft, each load anew: a function of no arguments."""
+    from ggufspec.llama import measure
     from ggufspec.llama.backend import Context, Model
 
-    def draft_step():
+    def costs():
         with Model(tiny["target"]) as t, Context(t, n_ctx=128) as tc, Model(tiny["close"]) as d, \
                 Context(d, n_ctx=128) as dc:
-            return measure.costs_for(tc, dc).draft_token_seconds
+            return measure.costs_for(tc, dc)
+    return costs
+
+
+def test_a_draft_step_from_a_busier_moment_is_measured_again(tiny, capfd):
+    from ggufspec.llama import cost_cache, measure
+
+    def draft_step():
+        return pair_costs(tiny)().draft_token_seconds
 
     assert draft_step() < 0.01
     cache = measure.load_cache()
@@ -278,13 +287,8 @@ def test_a_table_from_a_somewhat_slower_moment_is_read_at_todays_speed(tiny, mon
     again or rewriting the cache; within 1.1x it is read as it is. (The tiny models decode in well under the timer's
     noise, so the step timed at load is given here.)"""
     from ggufspec.llama import cost_cache, measure
-    from ggufspec.llama.backend import Context, Model
 
-    def costs():
-        with Model(tiny["target"]) as t, Context(t, n_ctx=128) as tc, Model(tiny["close"]) as d, \
-                Context(d, n_ctx=128) as dc:
-            return measure.costs_for(tc, dc)
-
+    costs = pair_costs(tiny)
     costs()
     cache = measure.load_cache()
     (key,) = [k for k in cache if not cost_cache.is_step_key(k) and not k.endswith("|draft")]
@@ -317,13 +321,8 @@ def test_a_draft_entry_without_its_rounds_cost_gets_it_and_keeps_its_step(tiny, 
     """A draft entry cached before rounds were timed (no round_seconds), or with one that is no time, keeps its step
     and gains the round's cost."""
     from ggufspec.llama import cost_cache, measure
-    from ggufspec.llama.backend import Context, Model
 
-    def costs():
-        with Model(tiny["target"]) as t, Context(t, n_ctx=128) as tc, Model(tiny["close"]) as d, \
-                Context(d, n_ctx=128) as dc:
-            return measure.costs_for(tc, dc)
-
+    costs = pair_costs(tiny)
     costs()
     cache = measure.load_cache()
     (dkey,) = [k for k in cache if k.endswith("|draft")]
