@@ -72,8 +72,7 @@ class AutoDrafter(Drafter):
                       if self._pays(self._head_step(name, self._longest(h)), self._longest(h))}
         self.head_alpha = {name: Estimate(0.7, 2.0) for name in self.heads}
         self._draft_cost = draft_cost if draft_cost is not None else self.costs.draft_token_seconds
-        # what a draft model's round costs beyond its steps (its first decode takes 2 rows, after the target's)
-        self._draft_round = 0.0 if draft_cost is not None else costs.draft_round_seconds
+        self._draft_round = 0.0 if draft_cost is not None else costs.draft_round_seconds  # see _draft_seconds
         self.target_scale = self.draft_scale = 1.0  # now / at load, tracked online
         # A lookup draft is as good as the copy it continues: alpha is tracked by how far back the match agrees
         self.lookup_alpha = {m: Estimate(prior, 2.0) for m, prior in LOOKUP_PRIORS}
@@ -86,10 +85,8 @@ class AutoDrafter(Drafter):
 
     def model_may_pay(self) -> bool:
         """Whether an always-right draft model would beat plain decoding here (else it is never used)."""
-        if self.model is None or not self._draft_cost:
-            return False
         longest = min(self.model_max or MAX_BATCH, len(self.costs.target_batch_seconds) - 1)
-        return self._pays(self._draft_cost + self._draft_round / max(1, longest))
+        return self.model is not None and bool(self._draft_cost) and self._pays(self._draft_seconds(longest))
 
     def _pays(self, step: float | None, longest: int | None = None) -> bool:
         """Whether an always-right drafter at `step` seconds a drafted token, drafting up to `longest`, would beat
@@ -130,10 +127,14 @@ class AutoDrafter(Drafter):
         """Seconds per drafted token now (the catch-up of the draft's KV cache included)."""
         return None if self._draft_cost is None else self._draft_cost * self.draft_scale
 
+    def _draft_seconds(self, n: int) -> float:
+        """Seconds per drafted token at load's speed in a draft model's draft of n tokens: a step each, and what its
+        round costs beyond them (the first decode takes 2 rows, after the target's batch) spread over them."""
+        return self._draft_cost + self._draft_round / max(1, n)
+
     def draft_step(self, n: int) -> float | None:
-        """Seconds per drafted token now in a draft model's draft of n tokens: a step each, and the round's first
-        decode's second row spread over them."""
-        return None if self._draft_cost is None else (self._draft_cost + self._draft_round / n) * self.draft_scale
+        """Seconds per drafted token now in a draft model's draft of n tokens (`_draft_seconds` at today's speed)."""
+        return None if self._draft_cost is None else self._draft_seconds(n) * self.draft_scale
 
     @property
     def step_cost(self) -> float:
@@ -335,7 +336,7 @@ class AutoDrafter(Drafter):
                 # per drafted token, so the catch-up of the draft's cache counts (not a lazy draft's of the prompt)
                 if self._draft_cost and not r.draft.caught_up:
                     self.draft_scale = self._rescale(self.draft_scale, r.draft_seconds / r.n_drafted,
-                                                     self._draft_cost + self._draft_round / r.n_drafted)
+                                                     self._draft_seconds(r.n_drafted))
             elif source == CONTINUED:  # the copy's tokens teach the copy's estimate, the model's the model's
                 copied = min(r.draft.copied, r.n_drafted)
                 self._learn_copy(r.draft, min(r.n_accepted, copied), copied)

@@ -124,7 +124,12 @@ def valid_target_entry(entry) -> bool:
 
 
 def _valid_drift(d) -> bool:
-    return d is None or (isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d < float("inf"))
+    return d is None or valid_seconds(d)
+
+
+def valid_seconds(x) -> bool:
+    """Whether a cached figure is a finite number, 0 or more (not a bool, NaN or infinity)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
 
 
 def _valid_deep(d) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import asdict, fields
 import numpy as np
 
 from .backend import Context, machine
-from .cost_cache import load_cache, update_cache, valid_draft_entry, valid_target_entry
+from .cost_cache import load_cache, update_cache, valid_draft_entry, valid_seconds, valid_target_entry
 from .head_costs import head_key, measure_head_step, probe_tokens as _probe_tokens
 from .runtime import warn
 from .system import say_if_shared
@@ -223,8 +223,7 @@ def measure_draft_round(ctx: Context, target: Context, step: float, repeats: int
         t = timed(target, probe[8 + 2 * i:10 + 2 * i])
         together.append(t + timed(ctx, tokens[8 + 2 * i:10 + 2 * i]))
     ctx.clear(), target.clear()
-    median = lambda xs: sorted(xs[1:])[len(xs[1:]) // 2]  # noqa: E731
-    return max(0.0, median(together) - median(alone) - step)
+    return max(0.0, float(np.median(together[1:]) - np.median(alone[1:])) - step)
 
 
 # What this version measures, in every key: entries of other versions are never read (measured again).
@@ -316,11 +315,6 @@ def step_now(cached: float, ctx: Context) -> float | None:
     return None
 
 
-def _seconds(x) -> bool:
-    """Whether a cached time is one: a finite number of seconds, 0 or more (not a bool, NaN or infinity)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x < float("inf")
-
-
 def is_current(key: str) -> bool:
     """Whether this version would read the entry under `key` today: its format, and its file as it was measured."""
     parts = key.split("|")  # path|size|mtime|tN|nglN|devices|exact@...|bN|machine id[|draft]
@@ -367,7 +361,7 @@ def costs_for(target: Context, draft: Context | None = None, *, refresh: bool = 
             step = measure_draft_step(draft)
             d = new[dkey] = {"token_seconds": step, "round_seconds": measure_draft_round(draft, target, step),
                              "machine": machine()["summary"]}
-        elif not _seconds(d.get("round_seconds")):  # an older entry (or one damaged by hand): timed now, at
+        elif not valid_seconds(d.get("round_seconds")):  # an older entry (or one damaged by hand): timed now, at
             # today's speed, and kept at the speed its step was measured at
             d = new[dkey] = dict(d, round_seconds=measure_draft_round(draft, target, d["token_seconds"] * factor) / factor)
         factor = factor or 1.0  # measured just now: as it is
