@@ -486,10 +486,12 @@ def test_weight_repacking_is_chosen_from_timings_both_ways_once_then_read_from_t
         assert asked.repacks != entry["repack"]  # --repack / --no-repack as asked, whatever was measured
 
 
-def test_repacking_stays_unless_without_it_both_a_step_and_a_batch_are_no_slower():
+def test_repacking_stays_unless_without_it_a_step_is_level_and_a_batch_no_slower():
     from ggufspec.llama.repack import prefers_repack
 
     on = {"step": 0.030, "batch": 0.70}
-    assert not prefers_repack(on, {"step": 0.031, "batch": 0.45})  # Gemma 270M on Zen 5: level, batches faster
+    assert not prefers_repack(on, {"step": 0.0303, "batch": 0.45})  # level, batches faster (Gemma 270M on Zen 5)
     assert prefers_repack(on, {"step": 0.040, "batch": 0.45})  # Qwen 1.5B Q4_K_M on Zen 5: a step 30% slower
     assert prefers_repack(on, {"step": 0.030, "batch": 0.80})
+    # Qwen 1.5B Q4_K_M on Emerald Rapids: a step 4% slower at load (7% as it generated), batches faster: kept
+    assert prefers_repack({"step": 0.0620, "batch": 0.78}, {"step": 0.0646, "batch": 0.61})
