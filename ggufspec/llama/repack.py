@@ -12,7 +12,7 @@ tok/s without repacking against 127 with it (llama-bench `--repack 0,1`), but on
 loads without repacking where a step is no slower than STEP_TOLERANCE and a batch than TOLERANCE; elsewhere llama.cpp's
 default stands. Most rounds are plain steps, so a step's few percent weigh more than further exact batches: on an Intel
 Xeon (Emerald Rapids, AVX-512) the 1.5B read a step 64.6 ms without repacking against 62.0 with it at load (a batch of
-64 0.61 s against 0.78), and generated 14.3-14.9 tok/s without against 15.4-15.8 with it (64 tokens at 100-200 cached),
+64 0.61 s against 0.78), and generated 14.3-14.9 tok/s without against 15.4-15.8 with it (64 tokens after prompts of 40-130),
 so at 5% its plain decoding ran 7% behind llama.cpp's own for exact batches of 7 instead of 3.
 Repacking is timed twice, before and after, and its faster timings count: a VM's slow spell during one load once
 made repacking look level (a Q4_K_M 1.5B's step 38.0 ms against 37.3 without, on a Zen 4) where it decodes a step in
