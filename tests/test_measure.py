@@ -490,7 +490,8 @@ def test_repacking_stays_unless_without_it_a_step_is_level_and_a_batch_no_slower
     from ggufspec.llama.repack import prefers_repack
 
     on = {"step": 0.030, "batch": 0.70}
-    assert not prefers_repack(on, {"step": 0.0303, "batch": 0.45})  # level, batches faster (Gemma 270M on Zen 5)
+    assert not prefers_repack(on, {"step": 0.0303, "batch": 0.45})  # level (within 2%), batches faster
+    assert prefers_repack(on, {"step": 0.031, "batch": 0.45})  # Gemma 270M on Zen 5: a step 3% slower, now kept
     assert prefers_repack(on, {"step": 0.040, "batch": 0.45})  # Qwen 1.5B Q4_K_M on Zen 5: a step 30% slower
     assert prefers_repack(on, {"step": 0.030, "batch": 0.80})
     # Qwen 1.5B Q4_K_M on Emerald Rapids: a step 4% slower at load (7% as it generated), batches faster: kept
