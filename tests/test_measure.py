@@ -459,7 +459,7 @@ def test_weight_repacking_is_chosen_from_timings_both_ways_once_then_read_from_t
     of is not timed."""
     from conftest import real_model
     from ggufspec.llama import repack
-    from ggufspec.llama.cost_cache import bad_entries, load_cache
+    from ggufspec.llama.cost_cache import bad_entries, load_cache, update_cache
 
     gemma = real_model("gemma-3-270m-q4_k_m.gguf")
     with repack.load(gemma, repack=True, measure=False, n_threads=None, role="target") as model:
@@ -480,6 +480,9 @@ def test_weight_repacking_is_chosen_from_timings_both_ways_once_then_read_from_t
     monkeypatch.setattr(repack, "timed", lambda *a, **k: pytest.fail("timed again"))
     with repack.load(gemma, repack=None, measure=True, n_threads=None, role="target") as again:
         assert again.repacks == entry["repack"]
+    update_cache({key: dict(entry, repack=not entry["repack"])})  # a choice cached under an earlier rule
+    with repack.load(gemma, repack=None, measure=True, n_threads=None, role="target") as again:
+        assert again.repacks == entry["repack"] == load_cache()[key]["repack"]  # made again, and the entry says so
     with repack.load(tiny["target"], repack=None, measure=True, n_threads=None, role="target") as f32:
         assert f32.repacks and "CPU_REPACK" not in f32.buffers  # nothing of it repacked: loaded as it is, not timed
     with repack.load(gemma, repack=not entry["repack"], measure=True, n_threads=None, role="target") as asked:

@@ -44,6 +44,8 @@ def load(path, *, repack: bool | None, measure: bool, n_threads: int | None, **k
     cached = load_cache().get(key)
     if valid_repack_entry(cached) and "on_timings" in cached:  # (one made from one timing each way is made again)
         choice = prefers_repack(cached["on"], cached["off"])  # the rule as it is now, on the timings kept
+        if choice != cached["repack"]:  # made under an earlier rule: the entry says the choice loads make now
+            update_cache({key: dict(cached, repack=choice)})
     elif not measure:
         return model
     else:  # repacked, not, repacked again: each load timed, closed before the next (never two in memory at once)
