@@ -7,14 +7,13 @@ at the first rejection when verification is exact; see `costs`) gives expected t
 second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no draft,
 a prompt-lookup draft (each copied token's alpha tracked by how far back the copy agrees by then, apart for a copy
 resumed past a token the text changed), or the draft model. Estimates learn from every round, so the choice follows
-the text; lookup's carry an exploration bonus (UCB), so a kind of match is tried before it is written off. Costs keep
-the shape measured at load (what a batch of n costs relative to one step, what a draft step
-costs); every round rescales them by how fast the machine runs now. Each observation moves the
-scale by at most a bounded step, so one stall (a page fault, another process) cannot make
-drafting look cheap, and the scale of the target is updated by every round, whichever drafter
-won it, so a wrong estimate cannot lock itself in. Beside the table's prediction a `watch.RateWatch` times
-what each source's rounds deliver against plain rounds and pauses a source that loses, whatever the table says,
-and a `watch.Credit` weighs copies up by what their rounds delivered over the table's forecast.
+the text; each carries an exploration bonus (UCB: `Estimate.planned`), so a kind of match, the draft model or a head
+is tried before it is written off (those two again now and then). Costs keep the shape measured at load (what a batch of n costs relative to one step, what a draft step costs); every round rescales them by how
+fast the machine runs now. Each observation moves the scale by at most a bounded step, so one stall (a page fault,
+another process) cannot make drafting look cheap, and the scale of the target is updated by every round, whichever
+drafter won it, so a wrong estimate cannot lock itself in. Beside the table's prediction a `watch.RateWatch` times
+what each source's rounds deliver against plain rounds and pauses a source that loses, whatever the table says, and
+a `watch.Credit` weighs copies up by what their rounds delivered over the table's forecast.
 """
 
 from __future__ import annotations
@@ -199,11 +198,11 @@ class AutoDrafter(Drafter):
             weigh("lookup", range(1, len(match) + 1), copy_rate)
         for name, head in self.heads.items():
             if allows(name) and head.head.ready(n_past):
-                a = self.head_alpha[name].value
+                a = self.head_alpha[name].planned(self.explore)
                 weigh(name, range(1, min(draft_max, self._longest(head)) + 1),
                       lambda n, name=name, a=a: self.rate(a, n, self._head_step(name, n), n_past))
         if self.model is not None and self.draft_cost and allows("draft"):
-            a, extra = self.model_alpha.value, self.catch_up(history)
+            a, extra = self.model_alpha.planned(self.explore), self.catch_up(history)
             weigh("draft", range(1, min(draft_max, self.model_max or draft_max) + 1),
                   lambda n: self._after(self.rate(a, n, self.draft_step(n), n_past), extra))
             if match and len(match) < draft_max and self.model.continues_copies and allows(CONTINUED):
@@ -342,6 +341,8 @@ class AutoDrafter(Drafter):
                 self._learn_copy(r.draft, min(r.n_accepted, copied), copied)
                 if r.n_accepted >= copied < r.n_drafted:
                     self.model_alpha.update(r.n_accepted - copied, r.n_drafted - copied)
+        for e in [e for name, e in [("draft", self.model_alpha), *self.head_alpha.items()] if name != source]:
+            e.unused()  # a while unused: tried again
         self.watch.observe(r, 1 / self.step_cost)
         self.credit.observe(r)
         rows = r.n_drafted + 1

@@ -20,6 +20,14 @@ def cpu_q8_like():
     return Costs([0.09 * s for s in steps], 16, 0.021)
 
 
+def cpu_q8_zen3_like():
+    # The default pair on a 2-vCPU AMD EPYC Zen 3 (AVX2), 2026-12-07: a Q8_0 target whose batches are exact to 16 (5 rows
+    # 2.94 steps, 6 rows 2.48), and a Q4_0 draft at 0.23 of a step: a draft right 80% of the time (auto's prior) loses
+    # here, one right 92% of the time (on code) pays.
+    steps = [1.0, 1.6, 2.29, 2.19, 2.94, 2.48, 3.75, 3.46, 4.39, 4.03, 5.18, 4.96, 6.18, 6.0, 6.95, 6.25]
+    return Costs([0.0746 * s for s in steps], 16, 0.0173, exact_kv=256, draft_round_seconds=0.007)
+
+
 def _to_64(step: float, steps: list[float], long_steps: dict[int, float]) -> list[float]:
     """A table as `measure` keeps one: sizes 1-16 each timed, those beyond at 24, 32, 48, 64 (a size between
     takes the next timed one's time)."""

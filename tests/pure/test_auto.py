@@ -495,7 +495,7 @@ def test_in_a_long_cache_where_batches_cost_more_than_the_table_says_auto_stops_
     """The table is measured in a short cache (a Q8_0 shape: a batch of 5 costs 3 steps); after a 1,000-token prompt
     every row beyond the first costs 2.5 times that (each attends to every cached token), so a draft that is always
     right loses every round it is verified in. The first verify shows it: auto plans with what it saw, drafts no more
-    for the next twenty rounds (what it learnt fades: it tries again later) and stays within 3% of plain decoding
+    for the next dozen rounds (what it learnt fades: it tries again later) and stays within 3% of plain decoding
     over them (the guard alone let it draft for a dozen rounds: 0.82x). Where the table also measured what rows cost
     with 512 tokens cached (`deep_rows`, 1.77 times the short cache's), auto expects it before its first round and
     never drafts: every round is plain decoding's (the long-prompt losses of the first rounds, on the Qwen pair)."""
@@ -534,7 +534,7 @@ def test_in_a_long_cache_where_batches_cost_more_than_the_table_says_auto_stops_
     if depth == "measured":
         assert "draft" not in sources and rates["auto"] >= 0.995 * rates["plain"], (sources, rates)
         return
-    assert sources[1] == "draft" and "draft" not in sources[2:], sources  # one dear verify, then plain rounds
+    assert sources[1] == "draft" and "draft" not in sources[2:14], sources  # one dear verify, then plain rounds
     assert rates["auto"] >= 0.97 * rates["plain"], rates
     assert learnt > 1.5
 
@@ -943,3 +943,55 @@ def _unordered() -> LookupDrafter:
     lookup = LookupDrafter()
     lookup._continuing = lambda history: (0, -1)
     return lookup
+
+
+
+def _new_words(monkeypatch, mode: str, right: float, seed: int, n: int = 240):
+    """`mode` greedy on a text that copies nothing, the draft model right `right` of the time, on a fake clock whose
+    decodes cost what the Zen 3 default pair's table says (`cpu_q8_zen3_like`). Returns (tok/s, draft-model share)."""
+    from fake import ScriptTarget, on_clock
+    from tables import cpu_q8_zen3_like
+
+    from ggufspec.auto import make_drafter
+    from ggufspec.drafters import ModelDrafter
+    from ggufspec.sampling import SamplingParams
+    from ggufspec.speculative import prefill, rounds
+
+    rng = np.random.default_rng(100 + seed)
+    script = [int(t) for t in rng.integers(10, 400, size=20 + n + 8)]
+    prompt = script[:20]
+    wrong = {i for i in range(len(prompt), len(script)) if rng.random() > right}
+    table = cpu_q8_zen3_like()
+    clock = on_clock(monkeypatch)
+    target = ScriptTarget(script, 400, clock=clock, seconds=lambda k: table.batch_seconds(k))
+    draft = ScriptTarget(script, 400, wrong=wrong, clock=clock, seconds=lambda k: table.draft_token_seconds)
+    verification = Verification.of(table, None)
+    drafter, draft_max = make_drafter(mode, verification, table, model=ModelDrafter(draft))
+    if drafter is not None:
+        drafter.lookup = NoCopies()
+        drafter.reset(prompt)
+    logits, _ = prefill(target, prompt)
+    timed = [r for r in rounds(target, drafter, prompt, logits, SamplingParams(), np.random.default_rng(0),
+                               max_tokens=n, draft_max=draft_max, verification=verification)][1:]
+    assert [t for r in timed for t in r.tokens][:n - 1] == script[21:20 + n]  # the target's text, whatever drafted
+    share = sum(len(r.tokens) for r in timed if r.draft.source == "draft") / sum(len(r.tokens) for r in timed)
+    return _rate(timed), share
+
+
+def test_a_draft_model_whose_prior_says_it_loses_here_is_tried_and_kept_where_it_pays(monkeypatch):
+    """On the Zen 3 default pair's table a draft right 80% of the time (auto's prior) loses to plain decoding, one
+    right 92% of the time pays (the `code` suite there: draft mode 1.19x of the target, auto 1.00x while its prior
+    decided alone). auto tries the draft model before writing it off (an exploration bonus, as lookup's buckets
+    have), and again some rounds later where an unlucky first round wrote it off; so over four texts it drafts with
+    it and is ahead of plain decoding and of draft mode (which drafts 4 a round). Where the draft is right half the
+    time, those tries cost a few percent (a round at the start, two more later), no more."""
+    good, poor = [], []
+    for seed in range(4):
+        plain, fixed = (_new_words(monkeypatch, mode, 0.92, seed)[0] for mode in ("target", "draft"))
+        auto, share = _new_words(monkeypatch, "auto", 0.92, seed)
+        good.append((auto / plain, auto / fixed, share))
+        auto, share = _new_words(monkeypatch, "auto", 0.5, seed)
+        poor.append((auto / _new_words(monkeypatch, "target", 0.5, seed)[0], share))
+    assert np.mean([g[0] for g in good]) > 1.15 and np.mean([g[1] for g in good]) > 1.0, good
+    assert np.mean([g[2] for g in good]) > 0.5, good
+    assert all(rate >= 0.96 and share < 0.1 for rate, share in poor), poor
