@@ -1,19 +1,19 @@
 """Cost-aware drafting: each round, speculate only as far as it pays on this machine.
 
 Leviathan et al. (2023), section 3.4: with acceptance rate a, a draft of n tokens yields
-E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass. Dividing by what the round costs
-here (n draft steps plus the verify batch, from the measured cost table, in bit-exact batches cut short
-at the first rejection when verification is exact; see `costs`) gives expected tokens per
-second; no draft is plain decoding at 1 / (one target step). The drafter with the best rate wins the round: no draft,
-a prompt-lookup draft (each copied token's alpha tracked by how far back the copy agrees by then, apart for a copy
-resumed past a token the text changed), or the draft model. Estimates learn from every round, so the choice follows
-the text; each carries an exploration bonus (UCB: `Estimate.planned`), so a kind of match, the draft model or a head
-is tried before it is written off (those two again now and then). Costs keep the shape measured at load (what a batch of n costs relative to one step, what a draft step costs); every round rescales them by how
-fast the machine runs now. Each observation moves the scale by at most a bounded step, so one stall (a page fault,
-another process) cannot make drafting look cheap, and the scale of the target is updated by every round, whichever
-drafter won it, so a wrong estimate cannot lock itself in. Beside the table's prediction a `watch.RateWatch` times
-what each source's rounds deliver against plain rounds and pauses a source that loses, whatever the table says, and
-a `watch.Credit` weighs copies up by what their rounds delivered over the table's forecast.
+E(a, n) = (1 - a^(n+1)) / (1 - a) tokens per target pass. Dividing by what the round costs here (n draft steps plus the
+verify batch, from the measured cost table, in bit-exact batches cut short at the first rejection when verification is
+exact; see `costs`) gives expected tokens per second; no draft is plain decoding at 1 / (one target step). The drafter
+with the best rate wins the round: no draft, a prompt-lookup draft (each copied token's alpha tracked by how far back
+the copy agrees by then, apart for a copy resumed past a token the text changed), or the draft model. Estimates learn
+from every round, so the choice follows the text; each carries an exploration bonus (UCB: `Estimate.planned`), so a kind
+of match, the draft model or a head is tried before it is written off (those two again now and then). Costs keep the
+shape measured at load (what a batch of n costs relative to one step, what a draft step costs); every round rescales
+them by how fast the machine runs now. Each observation moves the scale by at most a bounded step, so one stall (a page
+fault, another process) cannot make drafting look cheap, and the scale of the target is updated by every round,
+whichever drafter won it, so a wrong estimate cannot lock itself in. Beside the table's prediction a `watch.RateWatch`
+times what each source's rounds deliver against plain rounds and pauses a source that loses, whatever the table says,
+and a `watch.Credit` weighs copies up by what their rounds delivered over the table's forecast.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class AutoDrafter(Drafter):
     margin = MARGIN
     # How far one round's timing may move a cost scale: observations are clipped to this factor.
     clip = 1.5
-    # Exploration bonus on lookup's acceptance estimates (0.11 for an untried bucket, 0.02 after ~50 observations):
-    # without it the buckets whose prior says "does not pay" never learn that in this text (a copy of the prompt) they do.
+    # Exploration bonus on lookup's estimates (0.11 untried, 0.02 after ~50 observations), and on a draft model's or
+    # head's until tried: without it a source whose prior says "does not pay" never learns that in this text it does.
     explore = 0.15
     # A copy goes in one batch where exact chunks exist (its later rows then follow batched rows, so the text is the
     # target's up to near-ties, as past exact_kv) only where that beats the best exact round by this much: on the
@@ -325,6 +325,8 @@ class AutoDrafter(Drafter):
     def observe(self, r: Round) -> None:
         """Learn from a finished round: acceptance by source, and how fast the machine runs now."""
         source = r.draft.source
+        for e in [self.model_alpha] * (source != "draft") + [e for h, e in self.head_alpha.items() if h != source]:
+            e.unused()  # a while unused: tried again (a round it drafts in resets the count: `update`)
         if r.n_drafted:
             if source == "lookup":
                 self._learn_copy(r.draft, r.n_accepted, r.n_drafted)
@@ -341,8 +343,6 @@ class AutoDrafter(Drafter):
                 self._learn_copy(r.draft, min(r.n_accepted, copied), copied)
                 if r.n_accepted >= copied < r.n_drafted:
                     self.model_alpha.update(r.n_accepted - copied, r.n_drafted - copied)
-        for e in [e for name, e in [("draft", self.model_alpha), *self.head_alpha.items()] if name != source]:
-            e.unused()  # a while unused: tried again
         self.watch.observe(r, 1 / self.step_cost)
         self.credit.observe(r)
         rows = r.n_drafted + 1

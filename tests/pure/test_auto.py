@@ -945,7 +945,6 @@ def _unordered() -> LookupDrafter:
     return lookup
 
 
-
 def _new_words(monkeypatch, mode: str, right: float, seed: int, n: int = 240):
     """`mode` greedy on a text that copies nothing, the draft model right `right` of the time, on a fake clock whose
     decodes cost what the Zen 3 default pair's table says (`cpu_q8_zen3_like`). Returns (tok/s, draft-model share)."""
