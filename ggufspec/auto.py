@@ -27,7 +27,7 @@ from .corrections import CostCorrections
 from .costs import MARGIN, MAX_BATCH, Costs, expected_tokens
 from .drafters import DRAFT_MAX, Drafter, LookupDrafter, ModelDrafter
 from .errors import GGUFSpecError
-from .estimates import LOOKUP_PRIORS, RESUMED_PRIOR, Estimate, lookup_bucket
+from .estimates import LOOKUP_PRIORS, RESUMED_PRIOR, Estimate, lookup_bucket, monotone
 from .sampling import SamplingParams
 from .verification import Verification
 from .watch import Credit, RateWatch
@@ -244,14 +244,14 @@ class AutoDrafter(Drafter):
         return self.costs.round_speedup(expected, copied + k, draft_seconds, limit, a_copy) / self.step_cost
 
     def lookup_estimate(self, agreement: int, explore: float | None = None, resumed: bool = False) -> float:
-        """The acceptance a lookup draft of this agreement is planned with: its bucket's estimate with the exploration
-        bonus, but no higher than any bucket of a longer agreement (with its bonus): a copy agreeing further back is
-        never the worse bet, so where long copies fail in this text (a summary quoting its source, then writing its
-        own words) the shorter ones are not each tried before they are believed to fail too. A resumed copy: no
-        higher than what resumed copies deliver (their own estimate)."""
+        """The acceptance a lookup draft of this agreement is planned with: the buckets' estimates made non-decreasing
+        in agreement (`monotone`: a copy agreeing further back is never the worse bet, so copies kept at a shorter
+        agreement speak for longer ones, and long ones failing pull shorter ones down), its bucket's with the
+        exploration bonus but no higher than any longer one's. A resumed copy: no higher than resumed copies' own."""
         bucket, explore = lookup_bucket(agreement), self.explore if explore is None else explore
-        estimates = [e for m, e in self.lookup_alpha.items() if m >= bucket] + ([self.resumed_alpha] if resumed else [])
-        return min(e.optimistic(explore) for e in estimates)
+        bounds = [e.optimistic(explore, v) for (m, e), v in zip(self.lookup_alpha.items(), monotone(
+            list(self.lookup_alpha.values()))) if m >= bucket]
+        return min(bounds + ([self.resumed_alpha.optimistic(explore)] if resumed else []))
 
     def copy_alphas(self, agreement: int, resumed: bool, n: int, explore: float | None = None) -> list[float]:
         """Each token's acceptance in an n-token copy, given the ones before kept: the i-th (from 0) continues a copy

@@ -16,10 +16,10 @@ class Estimate:
     def value(self) -> float:
         return self.accepted / self.drafted
 
-    def optimistic(self, c: float) -> float:
-        """The estimate plus an exploration bonus that shrinks as evidence accumulates (UCB): a
-        kind of draft that has never been tried gets tried, or its prior would never be tested."""
-        return min(1.0, self.value + c / self.drafted ** 0.5)
+    def optimistic(self, c: float, value: float | None = None) -> float:
+        """The estimate (or `value`, what `monotone` makes of it) plus an exploration bonus that shrinks as evidence
+        accumulates (UCB): a kind of draft that has never been tried gets tried, or its prior would never be tested."""
+        return min(1.0, (self.value if value is None else value) + c / self.drafted ** 0.5)
 
     def planned(self, c: float) -> float:
         """What a draft model or a head is planned with: fresh, with the exploration bonus (`optimistic`), so it is
@@ -54,6 +54,21 @@ LOOKUP_PRIORS = ((1, 0.2), (2, 0.3), (3, 0.45), (4, 0.6), (8, 0.8), (16, 0.85), 
 # 4 times in 20 (the Qwen pair's five suites, 128-token answers: mostly a summary or an edit leaving its source), where
 # copies of 8 or more agreeing tokens that nothing broke were right 88-100% of the time (dev/lookup_acceptance.py).
 RESUMED_PRIOR = 0.3
+
+
+def monotone(estimates: list[Estimate]) -> list[float]:
+    """The estimates' values, in order of agreement, made non-decreasing by pooling each run of them that decreases,
+    weighted by their evidence (isotonic regression): a copy agreeing further back is never the worse bet, so copies
+    kept whole at a shorter agreement are evidence for the longer ones (the Q4_K_M pair's fix answers: two tokens kept
+    at agreement 8 now make a copy at 11 one long batch, where bucket 16's prior alone had it drafted two at a time
+    up to agreement 20), and copies that fail at a longer one pull the shorter ones down with them."""
+    blocks: list[list[float]] = []  # [accepted, drafted, how many estimates]
+    for e in estimates:
+        blocks.append([e.accepted, e.drafted, 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            accepted, drafted, n = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + accepted, blocks[-1][1] + drafted, blocks[-1][2] + n]
+    return [accepted / drafted for accepted, drafted, n in blocks for _ in range(int(n))]
 
 
 def lookup_bucket(agreement: int) -> int:

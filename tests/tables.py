@@ -51,6 +51,14 @@ def cpu_q4km_zen3_like(exact_kv=256):
     return Costs(_to_64(0.088, steps, {24: 9.82, 32: 12.79, 48: 19.27, 64: 23.38}), 3, 0.03, exact_kv=exact_kv)
 
 
+def cpu_q4km_zen3_dear_like(exact_kv=256):
+    # The same target on the same kind of Zen 3 host another day (`ggufspec costs qwen2.5-coder-1.5b`, 2026-12-07):
+    # batches dearer beyond 3 rows (4 rows 3.16 steps, 16 rows 8.63, 48 rows 19.96), so a copy that the estimates
+    # doubt goes two tokens at a time.
+    steps = [1.0, 1.63, 2.13, 3.16, 3.59, 4.67, 4.75, 7.26, 7.04, 7.36, 7.66, 10.68, 10.15, 8.9, 10.42, 8.63]
+    return Costs(_to_64(0.0521, steps, {24: 14.11, 32: 14.46, 48: 19.96, 64: 29.48}), 3, 0.0222, exact_kv=exact_kv)
+
+
 def cpu_q8_long_like(exact_kv=None):
     # The Q8_0 build of the same target on the same Xeon: every batch up to 16 exact, and 16 rows cost less per row
     # than 48 (4.14 steps against 12.72).
