@@ -8,7 +8,8 @@ greedy text, so rounds line up by output position: per program, a summary (round
 the longest draft, rounds that kept nothing, speed; llama.cpp's counts its -n tokens over its time until they were
 out) and, with --rounds, each round: where it starts in the output, what was drafted and kept, and for ggufspec
 where the copy came from (the prompt or the answer so far, how far back the match agreed, whether it resumed past a
-changed token) and what its verify batch cost.
+changed token) and what its verify batch cost; for llama.cpp, each round's time from its log's timestamps (the line
+of the round before to its own: the verify and the drafting, as one).
 
 What llama.cpp's drafters do (common/ngram-map.cpp, common/ngram-mod.cpp, common/speculative.cpp of the release
 llama-cpp-python pins; ../shared/tools/llama-cpp-reference unpacks it):
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufspec.bench.prompts import load_suite
-from ggufspec.bench.reference import ROUND_LOG, generated_text, same_text, seconds_to
+from ggufspec.bench.reference import _ROUND, ROUND_LOG, generated_text, same_text, seconds_to
 from ggufspec.bench.runs import prompt_text, prompt_tokens
 from ggufspec.drafters import LookupDrafter
 from ggufspec.engine import Engine
@@ -105,6 +106,9 @@ def ours(engine: Engine, tokens: list[int], mode: str, n: int) -> Runout:
     return out
 
 
+_TIMED = re.compile(_ROUND.pattern.replace(r"accepted (\d+)/\d+", r"accepted (\d+)/(\d+)"), re.M)
+
+
 def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> Runout:
     """speculative-simple with one n-gram type, its rounds from the debug log ("accepted K/D draft tokens")."""
     program = bin_dir / "llama-speculative-simple"
@@ -114,10 +118,13 @@ def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> 
     done = subprocess.run(cmd, capture_output=True, timeout=900,
                           env=dict(os.environ, LD_LIBRARY_PATH=f"{bin_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}"))
     log = (done.stdout + done.stderr).decode("utf-8", "replace")
-    out, position = Runout(f"llama.cpp {spec_type}"), 0
-    for kept, drafted in re.findall(r"accepted (\d+)/(\d+) draft tokens", log):
-        out.rounds.append(Rnd(position, int(drafted), int(kept), spec_type if int(drafted) else "target"))
-        position += int(kept) + 1
+    out, position, before = Runout(f"llama.cpp {spec_type}"), 0, None
+    for m in _TIMED.finditer(log):  # a round's time: from the line of the round before (the first has none)
+        mi, s, ms, us, kept, drafted = (int(g) for g in m.groups())
+        at = mi * 60 + s + ms / 1e3 + us / 1e6
+        out.rounds.append(Rnd(position, drafted, kept, spec_type if drafted else "target",
+                              verify_ms=None if before is None else (at - before) * 1e3))
+        position, before = position + kept + 1, at
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
     if done.returncode != 0 or not m:
         raise GGUFSpecError(f"llama-speculative-simple ({spec_type}) exited {done.returncode}: "
