@@ -76,9 +76,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--no-repack", action="store_true", help="load the model without llama.cpp's CPU weight repacking")
     a = ap.parse_args()
     threads = default_threads()
-    model = Model(a.model, role="target")
+    model = Model(a.model, role="target", repack=not a.no_repack)
     raw, ctx = bare_context(model, a.rows, threads), Context(model, n_ctx=8192, n_seq=a.rows, n_threads=threads)
     try:
         for _ in range(a.rounds):

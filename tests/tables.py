@@ -29,7 +29,7 @@ def cpu_q8_zen3_like():
 
 
 def _to_64(step: float, steps: list[float], long_steps: dict[int, float]) -> list[float]:
-    """A table as `measure` keeps one: sizes 1-16 each timed, those beyond at 24, 32, 48, 64 (a size between
+    """A table as `measure` keeps one: sizes 1-16 each timed, those beyond at the sizes long_steps holds (a size between
     takes the next timed one's time)."""
     out = [step * s for s in steps]
     for n in range(17, 65):

@@ -20,7 +20,7 @@ from .options import (cache_type_options, ctx_option, draft_option, int_list, js
 def costs_command(as_json, remeasure, **options):
     """What a decode costs on this machine, and where speculation can pay.
 
-    Times the target on batches of 1-16, 24, 32, 48 and 64 tokens (a logits row per token, as verification
+    Times the target on batches of 1-16, 24, 32, 40, 48 and 64 tokens (a logits row per token, as verification
     needs), finds the largest batch that is bit-identical to one-token decoding, times a draft
     step, and works out from those numbers the acceptance rate each kind of drafting needs
     before `--mode auto` uses it. Measured once per model, threads, offload and machine, then

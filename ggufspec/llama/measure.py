@@ -227,7 +227,7 @@ def measure_draft_round(ctx: Context, target: Context, step: float, repeats: int
 
 
 # What this version measures, in every key: entries of other versions are never read (measured again).
-_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}|deep|paired"
+_FORMAT = f"exact@{LONG_KV}kv|b{MAX_BATCH}|deep|paired|at{'-'.join(map(str, LONG_BATCHES))}"
 
 
 def _key(ctx: Context) -> str:
