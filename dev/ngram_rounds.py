@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufspec.bench.prompts import load_suite
-from ggufspec.bench.reference import _ROUND, ROUND_LOG, generated_text, same_text, seconds_to
+from ggufspec.bench.reference import ROUND_LOG, generated_text, logged_rounds, same_text, seconds_to
 from ggufspec.bench.runs import prompt_text, prompt_tokens
 from ggufspec.drafters import LookupDrafter
 from ggufspec.engine import Engine
@@ -106,9 +106,6 @@ def ours(engine: Engine, tokens: list[int], mode: str, n: int) -> Runout:
     return out
 
 
-_TIMED = re.compile(_ROUND.pattern.replace(r"accepted (\d+)/\d+", r"accepted (\d+)/(\d+)"), re.M)
-
-
 def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> Runout:
     """speculative-simple with one n-gram type, its rounds from the debug log ("accepted K/D draft tokens")."""
     program = bin_dir / "llama-speculative-simple"
@@ -119,9 +116,7 @@ def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> 
                           env=dict(os.environ, LD_LIBRARY_PATH=f"{bin_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}"))
     log = (done.stdout + done.stderr).decode("utf-8", "replace")
     out, position, before = Runout(f"llama.cpp {spec_type}"), 0, None
-    for m in _TIMED.finditer(log):  # a round's time: from the line of the round before (the first has none)
-        mi, s, ms, us, kept, drafted = (int(g) for g in m.groups())
-        at = mi * 60 + s + ms / 1e3 + us / 1e6
+    for at, kept, drafted in logged_rounds(log):  # a round's time: from the line of the round before (the first: none)
         out.rounds.append(Rnd(position, drafted, kept, spec_type if drafted else "target",
                               verify_ms=None if before is None else (at - before) * 1e3))
         position, before = position + kept + 1, at

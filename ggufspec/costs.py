@@ -17,8 +17,9 @@ import numpy as np
 # prompt-lookup drafts of a copied block run that long (llama.cpp's n-gram drafters draft 48 to 64), and
 # on a CPU a Q8_0 batch of 64 costs less per token than one of 16. An unmeasured size is given the time
 # of the next measured one up. 40 is among them because a copy is often cut short of 47 (what is left of
-# its source, or of -n): priced as 48, a copy of 39 lost to rounds of 5 (a Q8_0 target on a Zen 3: 40 rows
-# cost 957 ms, 48 rows 1182, 6 rows 154), though it delivered 15% more tokens a second.
+# its source, or of -n): with 44 tokens left and 33-48 rows priced as 48, rounds of 5 won, where copies of
+# 47 delivered about 15% more tokens a second than they did (a Q8_0 target on a Zen 3: 40 rows cost 957 ms,
+# 48 rows 1182, 6 rows 154).
 EXACT_MAX = 16  # bit-exactness is checked up to this size: verification cuts longer rounds into such batches
 LONG_BATCHES = (24, 32, 40, 48, 64)
 MAX_BATCH = LONG_BATCHES[-1]

@@ -189,15 +189,21 @@ def speculative_simple(bin_dir: Path, target: Path, draft: Path | None, prompt_t
 # are all there, a row counts the -n tokens asked over the time until the round that brought them ended.
 ROUND_LOG = ("-lv", "5", "--log-timestamps", "--log-prefix")
 _ROUND = re.compile(r"^(?:\x1b\[[0-9;]*m)?(\d+)\.(\d+)\.(\d+)\.(\d+)\S* (?:\x1b\[[0-9;]*m)?D (?:\x1b\[[0-9;]*m)?"
-                    r"accepted (\d+)/\d+ draft tokens", re.M)
+                    r"accepted (\d+)/(\d+) draft tokens", re.M)
+
+
+def logged_rounds(log: str) -> list[tuple[float, int, int]]:
+    """speculative-simple's rounds as its debug log (ROUND_LOG) prints them: (the line's time in seconds, drafts
+    accepted, drafts made), in order."""
+    return [(int(mi) * 60 + int(s) + int(ms) / 1e3 + int(us) / 1e6, int(kept), int(drafted))
+            for mi, s, ms, us, kept, drafted in _ROUND.findall(log)]
 
 
 def seconds_to(log: str, n_tokens: int, n_generated: int, seconds: float) -> float | None:
     """The seconds speculative-simple took until its round that brought the tokens to n_tokens ended: its whole
     time less the rounds after that one (by the log's times). None where the log does not show every round (their
     tokens do not add up to what it decoded)."""
-    rounds = [(int(mi) * 60 + int(s) + int(ms) / 1e3 + int(us) / 1e6, int(a) + 1)
-              for mi, s, ms, us, a in _ROUND.findall(log)]
+    rounds = [(at, kept + 1) for at, kept, _ in logged_rounds(log)]
     if not rounds or sum(n for _, n in rounds) != n_generated:
         return None
     total = 0
