@@ -49,6 +49,9 @@ def main(port: int, clients: int, n: int, mode: str = "target") -> None:
     print(f"{mode}: {clients} clients x {n} tokens: {clients * n / wall:.2f} tok/s in all, median gap "
           f"{1000 * statistics.median(gaps):.1f} ms, first piece after {statistics.median(t[0] for t in times):.2f} s "
           f"(median), pieces {sum(map(len, times))}")
+    long = [g for g in gaps if g > 1.5 * statistics.median(gaps)]
+    print(f"  mean gap {1000 * statistics.mean(gaps):.1f} ms; {len(long)} gaps over 1.5x the median, "
+          f"{sum(long):.2f} s in all; last piece after {max(t[-1] for t in times):.2f} s")
 
 
 if __name__ == "__main__":
