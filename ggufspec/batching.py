@@ -30,28 +30,41 @@ from .verification import Verification
 PRIOR_ACCEPTED, PRIOR_DRAFTED = 1.0, 2.0
 
 
-def ubatches(rows: list[int], unified: bool) -> list[int]:
-    """The ubatches llama.cpp computes for one batch holding these rows per sequence (in sequence order): one
-    where the KV cache is unified; else (a KV stream per sequence) the same number of rows of each sequence per
-    ubatch (its split_equal), so sequences of unequal rows take one ubatch per distinct length."""
+def ubatches(rows: list[int], unified: bool, ids: list[int] | None = None) -> list[int]:
+    """The ubatches llama.cpp computes for one batch holding these rows per sequence (ids: the sequences', in
+    increasing order; None: consecutive): one where the KV cache is unified; else (a KV stream per sequence, its
+    split_equal(sequential=true)) each ubatch takes a run of sequences of consecutive ids that still have rows, from
+    the lowest, and as many rows of each as the fewest of them has left. So sequences of unequal rows take one
+    ubatch per distinct length, and sequences 0 and 2 two ubatches where 0 and 1 take one."""
     if unified:
         return [sum(rows)]
-    out, left = [], sorted(r for r in rows if r)
+    left = {i: r for i, r in zip(range(len(rows)) if ids is None else ids, rows) if r}
+    out = []
     while left:
-        m = left[0]
-        out.append(m * len(left))
-        left = [r - m for r in left if r > m]
+        run = []
+        for i in sorted(left):
+            if run and i != run[-1] + 1:
+                break
+            run.append(i)
+        m = min(left[i] for i in run)
+        out.append(m * len(run))
+        for i in run:
+            left[i] -= m
+            if not left[i]:
+                del left[i]
     return out
 
 
-def groups(rows: list[int], limit: int | None) -> list[list[int]]:
+def groups(rows: list[int], limit: int | None, ids: list[int] | None = None) -> list[list[int]]:
     """Which parts (indices) each decode holds: all in one, or (exact verification: limit rows at most, so
-    every row is computed as one-token decoding computes it) as many in each as fit."""
+    every row is computed as one-token decoding computes it) as many in each as fit, a group never reaching across
+    a gap in the sequences' ids (`ids`; llama.cpp would decode it as two anyway, see `ubatches`)."""
     if limit is None:
         return [list(range(len(rows)))]
+    ids = list(range(len(rows))) if ids is None else ids
     out, size = [[]], 0
     for i, r in enumerate(rows):
-        if out[-1] and size + r > limit:
+        if out[-1] and (size + r > limit or ids[i] != ids[out[-1][-1]] + 1):
             out.append([])
             size = 0
         out[-1].append(i)
@@ -59,9 +72,13 @@ def groups(rows: list[int], limit: int | None) -> list[list[int]]:
     return out
 
 
-def grouped_seconds(costs: Costs, rows: list[int], size: int | None, unified: bool) -> float:
-    """What decoding these rows per sequence costs in groups of at most `size` rows (None: one decode)."""
-    return sum(costs.batch_seconds(u) for g in groups(rows, size) for u in ubatches([rows[i] for i in g], unified))
+def grouped_seconds(costs: Costs, rows: list[int], size: int | None, unified: bool,
+                    ids: list[int] | None = None) -> float:
+    """What decoding these rows per sequence (ids: theirs, None: consecutive) costs in groups of at most `size` rows
+    (None: one decode)."""
+    ids = list(range(len(rows))) if ids is None else ids
+    return sum(costs.batch_seconds(u) for g in groups(rows, size, ids)
+               for u in ubatches([rows[i] for i in g], unified, [ids[i] for i in g]))
 
 
 def _exact_sizes(costs: Costs, limit: int) -> set[int]:
@@ -70,20 +87,23 @@ def _exact_sizes(costs: Costs, limit: int) -> set[int]:
     return {limit, costs.chunk(limit)}
 
 
-def exact_size(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> int | None:
+def exact_size(costs: Costs, rows: list[int], limit: int | None, unified: bool,
+               ids: list[int] | None = None) -> int | None:
     """The group size exact decoding packs these rows in: `limit` or the exact batch size with the least cost per
     row (where 3 rows cost 2.2 steps and 2 rows 1.4, four streams' rows go 2 + 2, not 3 + 1), whichever costs less
     for these rows (None where limit is: one decode)."""
     if limit is None:
         return None
-    return min(_exact_sizes(costs, limit), key=lambda size: (grouped_seconds(costs, rows, size, unified), -size))
+    return min(_exact_sizes(costs, limit), key=lambda size: (grouped_seconds(costs, rows, size, unified, ids), -size))
 
 
-def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool) -> float:
-    """What decoding these rows per sequence costs, as `Batch` decodes them (in groups of `exact_size`)."""
+def step_seconds(costs: Costs, rows: list[int], limit: int | None, unified: bool,
+                 ids: list[int] | None = None) -> float:
+    """What decoding these rows per sequence (ids: theirs, None: consecutive) costs, as `Batch` decodes them (in
+    groups of `exact_size`)."""
     if limit is None:
-        return grouped_seconds(costs, rows, None, unified)
-    return min(grouped_seconds(costs, rows, size, unified) for size in _exact_sizes(costs, limit))
+        return grouped_seconds(costs, rows, None, unified, ids)
+    return min(grouped_seconds(costs, rows, size, unified, ids) for size in _exact_sizes(costs, limit))
 
 
 def identity_price(costs: Costs | None, n: int, unified: bool = False) -> tuple[int, float, float] | None:
@@ -115,21 +135,21 @@ def identity_price_line(costs: Costs | None, n: int, unified: bool = False) -> s
 
 
 def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int, limit: int | None = None,
-                 unified: bool = False) -> int:
+                 unified: bool = False, ids: list[int] | None = None) -> int:
     """The most tokens each speculating stream may draft this step: of 0..longest, the length whose expected
     tokens per second over the whole batch are highest, and 0 unless drafting beats none by the margin, also
     (a KV stream per sequence, where unequal drafts cost a ubatch each) where only one stream drafts.
-    streams: (acceptance, seconds per drafted token) of each."""
+    streams: (acceptance, seconds per drafted token) of each; ids: their sequences' (None: consecutive)."""
     n = len(streams)
 
     def rate(d: int) -> float:
         tokens = sum(expected_tokens(alpha, d) for alpha, _ in streams)
-        return tokens / (step_seconds(costs, [d + 1] * n, limit, unified) + d * sum(step for _, step in streams))
+        return tokens / (step_seconds(costs, [d + 1] * n, limit, unified, ids) + d * sum(step for _, step in streams))
 
     def one_drafts(d: int) -> float:  # auto's streams draft unequally (a copy here, none there): the worst case
         alpha, step = max(streams)
         tokens = expected_tokens(alpha, d) + n - 1
-        return tokens / (step_seconds(costs, [d + 1] + [1] * (n - 1), limit, unified) + d * step)
+        return tokens / (step_seconds(costs, [d + 1] + [1] * (n - 1), limit, unified, ids) + d * step)
 
     base = rate(0)
     best = max(range(1, longest + 1), key=rate, default=0)
@@ -138,17 +158,24 @@ def batch_budget(costs: Costs, streams: list[tuple[float, float]], longest: int,
 
 
 def trimmed(costs: Costs, lengths: list[int], alphas: list[float], auto: list[bool], limit: int | None,
-            unified: bool) -> list[int]:
+            unified: bool, ids: list[int] | None = None) -> list[int]:
     """The draft lengths to verify once every stream has drafted: auto's drafts cut to the common length (or
     kept as drafted) that gives the batch the most expected tokens a second; other modes' as drafted."""
     best, best_rate = lengths, -1.0
     for cap in [None, *range(max(lengths, default=0) + 1)]:
         cut = [n if cap is None or not a else min(n, cap) for n, a in zip(lengths, auto)]
         tokens = sum(expected_tokens(alpha, n) for alpha, n in zip(alphas, cut))
-        rate = tokens / step_seconds(costs, [n + 1 for n in cut], limit, unified)
+        rate = tokens / step_seconds(costs, [n + 1 for n in cut], limit, unified, ids)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = cut, rate
     return best
+
+
+def _ids(generations: list[Generation]) -> list[int] | None:
+    """Their sequences' ids, in their order (increasing, as a step lists them), or None (taken as consecutive) where
+    a target is not a sequence of a shared context."""
+    ids = [getattr(g.ctx, "seq_id", None) for g in generations]
+    return None if None in ids else ids
 
 
 def _alpha(g: Generation) -> float:
@@ -212,7 +239,7 @@ class Batch:
         if len(generations) < 2 or not auto or self.costs is None:
             return None
         streams = [(_alpha(g), _draft_step(g, self.costs)) for g in generations]
-        return batch_budget(self.costs, streams, self.longest, limit, self.unified)
+        return batch_budget(self.costs, streams, self.longest, limit, self.unified, _ids(generations))
 
     def step(self, generations: list[Generation]) -> list[tuple[Generation, Chunk | BaseException]]:
         """One round for each generation (none finished): its chunk, or the error that ended it."""
@@ -230,13 +257,14 @@ class Batch:
             return out + [(g, _finish(g, plan)) for g, plan in plans]
         if self.costs is not None:
             lengths = trimmed(self.costs, [len(p.draft_tokens) for _, p in plans], [_alpha(g) for g, _ in plans],
-                              [g.settings.mode == "auto" for g, _ in plans], limit, self.unified)
+                              [g.settings.mode == "auto" for g, _ in plans], limit, self.unified,
+                              _ids([g for g, _ in plans]))
             plans = [(g, p if len(p.draft_tokens) == n else p.cut(n)) for (g, p), n in zip(plans, lengths)]
         alone = [(g, p) for g, p in plans if limit is not None and len(p.inputs) > limit]  # its own exact chunks
         together = [(g, p) for g, p in plans if limit is None or len(p.inputs) <= limit]
-        rows_each = [len(p.inputs) for _, p in together]
-        size = limit if self.costs is None else exact_size(self.costs, rows_each, limit, self.unified)
-        for part in groups(rows_each, size):
+        rows_each, ids = [len(p.inputs) for _, p in together], _ids([g for g, _ in together])
+        size = limit if self.costs is None else exact_size(self.costs, rows_each, limit, self.unified, ids)
+        for part in groups(rows_each, size, ids):
             members = [together[i] for i in part]
             if len(members) == 1:
                 alone += members

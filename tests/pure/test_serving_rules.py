@@ -25,11 +25,19 @@ CPU = Costs([0.070 * (1 + 0.9 * i) for i in range(64)], 16)  # each row costs ne
 
 
 def test_ubatches_follow_llama_cpp_split():
+    """As llama.cpp splits a batch of several sequences: by rows and, with a KV stream each, by runs of ids."""
     assert ubatches([5, 1, 3], unified=True) == [9]
     assert ubatches([3, 3, 3], unified=False) == [9]  # as many rows each: one ubatch
     assert ubatches([5, 1, 3], unified=False) == [3, 4, 2]  # one per distinct count
     assert groups([2, 3, 4, 1], None) == [[0, 1, 2, 3]]
     assert groups([2, 3, 4, 1], 5) == [[0, 1], [2, 3]]  # exact verification: at most 5 rows a decode
+    # a KV stream per sequence: only consecutive ids in one ubatch (llama.cpp's split_equal(sequential=true))
+    assert ubatches([1, 1], unified=False, ids=[0, 2]) == [1, 1]
+    assert ubatches([1, 1, 1], unified=False, ids=[0, 2, 3]) == [1, 2]
+    assert ubatches([1, 2, 1, 2], unified=False) == [4, 1, 1]  # the second rows of 1 and 3: not consecutive
+    assert ubatches([1, 1], unified=True, ids=[0, 2]) == [2]
+    assert groups([1, 1, 1, 1], 3, ids=[0, 1, 3, 4]) == [[0, 1], [2, 3]]  # not [0, 1, 3] + [4]: three decodes
+    assert groups([1, 1, 1], 3, ids=[0, 1, 2]) == [[0, 1, 2]]
 
 
 def test_auto_drafts_less_as_streams_are_added_and_not_where_rows_cost_a_step():
