@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .batching import Batch
+from .batching import Batch, gap_tokens, runs
 from .errors import GGUFSpecError
 from .generation import Chunk, Generation, GenerationSettings
 
@@ -50,37 +50,21 @@ class Totals:
     busy_seconds: float = 0.0
 
 
-def runs(slots: set[int]) -> int:
-    """How many runs of consecutive ids these sequences make: the ubatches llama.cpp splits a step of one row each
-    into where every sequence has a KV stream of its own (`split_equal(sequential=true)`)."""
-    return sum(1 for s in slots if s - 1 not in slots)
-
-
-def gap_tokens(costs) -> float | None:
-    """What a step's extra ubatch costs, in prompt tokens, from the measured table: a decode's fixed part (a one-row
-    step less what a row adds up to four) over a prompt token's share of a batch of 64. (Qwen2.5-Coder 1.5B on a
-    Zen 3: Q8_0 sequences 0 and 2 143 ms against 0 and 1 96; Q4_K_M 0, 2 and 3 128-136 ms against 0, 1 and 2
-    110-115.)"""
-    if costs is None:
-        return None
-    one, four, per_token = costs.batch_seconds(1), costs.batch_seconds(4), costs.batch_seconds(64) / 64
-    return max(0.0, one - (four - one) / 3) / per_token
-
-
 class Scheduler:
     """A thread that runs a Batch over n_slots sequences: requests wait in a queue (at most max_queue), join
     free sequences between steps and leave when done or cancelled. build(prompt_tokens, settings, slot) ->
     Generation; release(slot): that sequence's generation ended; reusable(slot, prompt_tokens): how many of them
     its cache still holds (a request goes to the free sequence that holds most, as llama-server picks a slot).
-    gap_tokens: what a step's extra ubatch costs, in prompt tokens, where every sequence has a KV stream of its own
-    (`gap_tokens`): llama.cpp puts only sequences of consecutive ids in one ubatch there, so a request on a sequence
-    apart from the running ones costs its whole batch an extra ubatch every step it runs, which a prefix it finds
-    cached there must outweigh (None: the prefix alone decides)."""
+    Where every sequence has a KV stream of its own, llama.cpp puts only sequences of consecutive ids in one
+    ubatch, so a request on a sequence apart from the running ones costs its whole batch an extra ubatch every step
+    it runs, which a prefix it finds cached there must outweigh: gap_tokens is that ubatch's price in prompt
+    tokens, from the batch's measured costs (`batching.gap_tokens`; None: nothing measured, or one KV cache for
+    all, and the prefix alone decides)."""
 
     def __init__(self, build: Callable, release: Callable, batch: Batch, n_slots: int, max_queue: int = 64,
-                 reusable: Callable | None = None, gap_tokens: float | None = None):
+                 reusable: Callable | None = None):
         self.build, self.release, self.batch, self.reusable = build, release, batch, reusable
-        self.gap_tokens = gap_tokens
+        self.gap_tokens = None if batch is None or batch.unified else gap_tokens(batch.costs)
         self.n_slots, self.max_queue = n_slots, max_queue
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.active: dict[int, tuple[Ticket, Generation]] = {}

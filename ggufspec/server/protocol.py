@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..core import DRAFT_ALONE_MODES, HEAD_MODES, MODEL_MODES
 from ..errors import GGUFSpecError
 from ..generation import Chunk, GenerationSettings, resolve_settings
-from ..serving import Scheduler, ServerStopping, gap_tokens
+from ..serving import Scheduler, ServerStopping
 
 FINISH = {"stop": "stop", "stop_string": "stop", "length": "length"}  # ours -> OpenAI's
 # Request fields and the setting each sets; others (user, logprobs, penalties...) are accepted and ignored.
@@ -59,9 +59,8 @@ class Server:
         self.engine, self.name, self.defaults = engine, name, defaults
         self.slot_ctx = engine.n_ctx  # what one request may use: the context's share of each sequence
         self.total_ctx = engine.target_ctx.n_ctx_total
-        gaps = None if engine.target_ctx.kv_unified else gap_tokens(engine.costs)  # one cache: one ubatch a step
         self.scheduler = Scheduler(engine.generation, engine.release, engine.batch(), engine.n_seq, max_queue,
-                                   reusable=engine.reusable, gap_tokens=gaps)
+                                   reusable=engine.reusable)
         self.created = int(time.time())
         self.modes = engine.modes
         # Files of the server's disk, as a client may see them named: the target by the server's name for it.

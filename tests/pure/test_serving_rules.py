@@ -182,11 +182,12 @@ def test_a_request_goes_where_its_rows_join_the_running_ones_unless_its_cached_p
     a sequence apart from the running ones costs every step an extra ubatch (Q8_0 1.5B on a Zen 3: sequences 0 and 2
     143 ms a step against 0 and 1 96): it goes next to them, or into a gap between them, unless a prefix cached
     elsewhere is worth more than that extra ubatch over its max_tokens (gap_tokens prompt tokens a step)."""
-    from ggufspec.serving import gap_tokens, runs
+    from ggufspec.batching import gap_tokens, runs
 
     assert [runs(s) for s in (set(), {0}, {0, 1, 2}, {0, 2, 3}, {0, 2, 4}, {3, 1})] == [0, 1, 1, 2, 3, 2]
     held = {0: 0, 1: 0, 2: 0, 3: 128}
-    scheduler = Scheduler(None, None, None, 4, reusable=lambda slot, tokens: held[slot], gap_tokens=2.0)
+    scheduler = Scheduler(None, None, None, 4, reusable=lambda slot, tokens: held[slot])
+    scheduler.gap_tokens = 2.0
     assert scheduler._free_slot([1], 64) == 3  # nothing running: the prefix decides
     scheduler.active = {0: None}
     assert scheduler._free_slot([1], 64) == 1  # 128 cached against 2 x 64 tokens' extra ubatches: a tie, the lower
@@ -198,11 +199,15 @@ def test_a_request_goes_where_its_rows_join_the_running_ones_unless_its_cached_p
     assert scheduler._free_slot([1], 64) == 1  # into the gap: one ubatch a step again
     held[3] = 640
     assert scheduler._free_slot([1], 64) == 3  # (0, 2, 3: as many ubatches as 0 and 2 took)
-    assert Scheduler(None, None, None, 4, gap_tokens=2.0)._free_slot([1], 64) == 0  # nothing cached anywhere
+    bare = Scheduler(None, None, None, 4)
+    bare.gap_tokens = 2.0
+    assert bare._free_slot([1], 64) == 0  # nothing cached anywhere
     # Q8_0 1.5B on a Zen 3 (ms, 1..4 rows; a batch of 64 1.72 s): a decode's fixed part of 53 ms, 2 prompt tokens
     q8 = Costs([0.082, 0.120, 0.187, 0.168] + [1.72 / 64 * n for n in range(5, 65)], 16)
     assert gap_tokens(q8) == pytest.approx((0.082 - (0.168 - 0.082) / 3) / (1.72 / 64))
     assert gap_tokens(None) is None
+    assert Scheduler(None, None, Batch(lambda parts: [], q8), 4).gap_tokens == gap_tokens(q8)  # from its batch's
+    assert Scheduler(None, None, Batch(lambda parts: [], q8, unified=True), 4).gap_tokens is None  # one ubatch anyway
 
 
 # exact batches of up to 3 rows (a Q4_K_M target's repacked CPU kernels are bit-identical only to 3 rows), each
