@@ -9,7 +9,12 @@ the longest draft, rounds that kept nothing, speed; llama.cpp's counts its -n to
 out) and, with --rounds, each round: where it starts in the output, what was drafted and kept, and for ggufspec
 where the copy came from (the prompt or the answer so far, how far back the match agreed, whether it resumed past a
 changed token) and what its verify batch cost; for llama.cpp, each round's time from its log's timestamps (the line
-of the round before to its own: the verify and the drafting, as one).
+of the round before to its own: the verify and the drafting, as one). Under each prompt, the ceiling: the fewest
+target steps the measured cost table allows for the answer's tokens where every copy that lookup's matches offer is
+known in advance to be right as far as it is (a drafter with foresight: plain steps elsewhere, each right copy at
+its best length in one batch or in exact chunks, whichever the table prices lower), as a speed-up over plain
+decoding; beside it llama.cpp's n-gram rule (a 12-token key, 48 drafted in one batch) priced by the same table.
+With `--modes target,...` the target's own row shows what those speed-ups mean here.
 
 What llama.cpp's drafters do (common/ngram-map.cpp, common/ngram-mod.cpp, common/speculative.cpp of the release
 llama-cpp-python pins; ../shared/tools/llama-cpp-reference unpacks it):
@@ -67,6 +72,7 @@ class Runout:
     n_generated: int = 0
     seconds: float = 0.0
     text: str | bytes | None = None
+    tokens: list[int] = field(default_factory=list)
 
     def summary(self) -> list:
         drafting = [r for r in self.rounds if r.drafted]
@@ -98,6 +104,7 @@ def ours(engine: Engine, tokens: list[int], mode: str, n: int) -> Runout:
             previous = seconds
             out.rounds.append(r)
             history += chunk.tokens
+            out.tokens += chunk.tokens
             position += len(chunk.tokens)
             out.text = (out.text or "") + chunk.text
             out.n_generated, out.seconds = chunk.stats.n_generated, chunk.stats.generation_seconds
@@ -130,6 +137,48 @@ def theirs(bin_dir: Path, engine: Engine, text: str, spec_type: str, n: int) -> 
         out.n_generated, out.seconds = min(n, out.n_generated), to_n
     out.text = generated_text(done.stdout, text.encode("utf-8", "surrogateescape"))
     return out
+
+
+def ceiling(engine: Engine, prompt: list[int], answer: list[int]) -> tuple[float, float]:
+    """(steps, steps of llama.cpp's rule) for the answer's tokens after its first (the prompt's row gives that one),
+    by the engine's cost table: the ceiling with foresight (module docstring) and the 12-token key rule."""
+    costs, verification = engine.costs, engine.verification()
+    step, n = costs.batch_seconds(1), len(answer)
+
+    def price(rows: int, kv: int) -> float:  # in steps: one batch, or exact chunks where those cost less
+        limit = verification.batch_limit(kv)
+        one = costs.batch_seconds(rows)
+        return (min(one, costs.verify_seconds(rows, limit)) if limit else one) / step
+
+    right, history, lookup = [0], prompt + answer[:1], LookupDrafter()
+    for i in range(1, n):  # how far lookup's copy at each position is right
+        copy = lookup.match(history, 64)[0]
+        r = 0
+        while r < len(copy) and i + r < n and copy[r] == answer[i + r]:
+            r += 1
+        right.append(r)
+        history.append(answer[i])
+    best = [float("inf")] * (n + 1)
+    best[1] = 0.0
+    for i in range(1, n):
+        best[i + 1] = min(best[i + 1], best[i] + 1)
+        for k in range(1, right[i] + 1):  # i: tokens out, so the round's rows start after prompt + i - 1 cached
+            j = min(n, i + k + 1)
+            best[j] = min(best[j], best[i] + price(k + 1, len(prompt) + i + k))
+    theirs_steps, i = 0.0, 1
+    while i < n:
+        h = prompt + answer[:i]
+        key, copy = h[-12:], []
+        for j in range(len(h) - 13, -1, -1):
+            if len(h) >= 61 and h[j:j + 12] == key:
+                copy = h[j + 12:j + 60]
+                break
+        r = 0
+        while r < len(copy) and i + r < n and copy[r] == answer[i + r]:
+            r += 1
+        theirs_steps += costs.batch_seconds(len(copy) + 1) / step if copy else 1.0
+        i += r + 1
+    return best[n], theirs_steps
 
 
 HEAD = ["program", "rounds", "drafting", "drafted", "kept", "α", "tok/round", "longest", "kept 0", "kept all", "tok/s"]
@@ -181,6 +230,13 @@ def main(argv=None) -> int:
                     print(f"\n{p.label} ({len(tokens)} prompt tokens, -n {a.n}; "
                           f"{'every text the same' if same else 'the texts differ'}):")
                     show(runs, a.rounds)
+                    answer = next((r.tokens for r in runs if r.tokens), None)
+                    if answer and engine.costs is not None:
+                        steps, llama_steps = ceiling(engine, tokens, answer)
+                        print(f"ceiling, every right copy foreseen: {steps:.1f} target steps for the "
+                              f"{len(answer) - 1} tokens after the first ({(len(answer) - 1) / steps:.2f}x plain "
+                              f"decoding); llama.cpp's n-gram rule by the same table {llama_steps:.1f} "
+                              f"({(len(answer) - 1) / llama_steps:.2f}x)")
     except GGUFSpecError as e:
         print(f"ngram_rounds: {e}", file=sys.stderr)
         return 1
