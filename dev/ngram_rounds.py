@@ -150,13 +150,15 @@ def ceiling(engine: Engine, prompt: list[int], answer: list[int]) -> tuple[float
         one = costs.batch_seconds(rows)
         return (min(one, costs.verify_seconds(rows, limit)) if limit else one) / step
 
-    right, history, lookup = [0], prompt + answer[:1], LookupDrafter()
-    for i in range(1, n):  # how far lookup's copy at each position is right
-        copy = lookup.match(history, 64)[0]
+    def kept(copy: list[int], i: int) -> int:  # how many of a copy drafted at output position i the answer keeps
         r = 0
         while r < len(copy) and i + r < n and copy[r] == answer[i + r]:
             r += 1
-        right.append(r)
+        return r
+
+    right, history, lookup = [0], prompt + answer[:1], LookupDrafter()
+    for i in range(1, n):  # how far lookup's copy at each position is right
+        right.append(kept(lookup.match(history, 64)[0], i))
         history.append(answer[i])
     best = [float("inf")] * (n + 1)
     best[1] = 0.0
@@ -167,17 +169,13 @@ def ceiling(engine: Engine, prompt: list[int], answer: list[int]) -> tuple[float
             best[j] = min(best[j], best[i] + price(k + 1, len(prompt) + i + k))
     theirs_steps, i = 0.0, 1
     while i < n:
-        h = prompt + answer[:i]
-        key, copy = h[-12:], []
-        for j in range(len(h) - 13, -1, -1):
-            if len(h) >= 61 and h[j:j + 12] == key:
+        h, copy = prompt + answer[:i], []
+        for j in range(len(h) - 13, -1, -1) if len(h) >= 61 else ():  # the latest earlier place of the 12-token key
+            if h[j:j + 12] == h[-12:]:
                 copy = h[j + 12:j + 60]
                 break
-        r = 0
-        while r < len(copy) and i + r < n and copy[r] == answer[i + r]:
-            r += 1
         theirs_steps += costs.batch_seconds(len(copy) + 1) / step if copy else 1.0
-        i += r + 1
+        i += kept(copy, i) + 1
     return best[n], theirs_steps
 
 
